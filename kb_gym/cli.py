@@ -1,0 +1,150 @@
+"""``kb-gym``: the command line. Subcommands: demo, list, eval, baseline, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kb_gym.problems import Problem, ProblemError, get_problem, load_problems
+
+
+def _add_dataset(p: argparse.ArgumentParser, default: str = "builtin") -> None:
+    p.add_argument("--dataset", default=default,
+                   help="official | builtin | a folder of problem files | a .jsonl/.parquet file "
+                        f"(default: {default})")
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N")
+
+
+def _pick(problems: list[Problem], spec: str) -> Problem:
+    """``LEVEL/ID`` (``2/17``), ``levelN/NAME`` or a bare name."""
+    level_part, _, rest = spec.rpartition("/")
+    level = int(level_part.removeprefix("level")) if level_part.removeprefix("level").isdigit() else None
+    if rest.isdigit():
+        return get_problem(problems, problem_id=int(rest), level=level)
+    return get_problem(problems, name=rest, level=level)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    problems = load_problems(args.dataset, level=args.level)
+    for p in problems:
+        print(f"{p.key}")
+    print(f"{len(problems)} problems")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from kb_gym.evaluator import Evaluator
+
+    problem = _pick(load_problems(args.dataset), args.problem)
+    text = Path(args.candidate).read_text(encoding="utf-8", errors="replace")
+    overrides = {"baseline": args.baseline, "precision": args.precision, "tolerance": args.tolerance}
+    with Evaluator(args.device, results_path=args.results, **overrides) as ev:
+        result = ev.evaluate(problem, text)
+    print(f"problem:  {problem.key}")
+    print(f"status:   {result.status}")
+    if result.speedup is not None:
+        print(f"speedup:  {result.speedup:.3f}x  (candidate {result.runtime_ms:.4g} ms, "
+              f"{result.baseline} baseline {result.ref_runtime_ms:.4g} ms)")
+    if result.flags:
+        print(f"flags:    {', '.join(result.flags)}")
+    print("feedback:\n" + result.feedback)
+    if args.json:
+        print(result.to_json())
+    return 0 if result.status == "correct" else 1
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from kb_gym.evaluator import Evaluator
+
+    problems = load_problems(args.dataset, level=args.level)
+    failures = 0
+    with Evaluator(args.device, results_path=False, baseline=args.baseline) as ev:
+        for problem in tqdm(problems, desc=f"baselines ({args.baseline})"):
+            r = ev.evaluate_reference(problem)
+            if r.ref_runtime_ms is None:
+                failures += 1
+                tqdm.write(f"{problem.key}: {r.status}: {(r.error or '')[:200]}")
+            elif args.verbose:
+                tqdm.write(f"{problem.key}: {r.ref_runtime_ms:.4g} ms")
+    print(f"cached {len(problems) - failures}/{len(problems)} baselines in {ev.baselines.path}")
+    return 1 if failures else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from kb_gym.report import report
+
+    print(report(args.results, png_path=args.png))
+    if args.png:
+        print(f"plot written to {args.png}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kb_gym.demo import run_demo
+
+    return run_demo(device=args.device, dataset=args.dataset)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kb-gym", description="kb_gym: KernelBench-style kernel environments "
+                                     "and a trustworthy evaluator.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="evaluate known candidates on built-in problems and print a table")
+    _add_dataset(p)
+    _add_device(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("list", help="list the problems of a dataset")
+    _add_dataset(p)
+    p.add_argument("--level", type=int, choices=(1, 2, 3))
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("eval", help="evaluate one candidate file (raw source or an LLM completion)")
+    p.add_argument("candidate", help="path to the candidate (.py or a text completion)")
+    p.add_argument("--problem", required=True, help="LEVEL/ID (e.g. 2/17) or levelN/NAME")
+    _add_dataset(p)
+    _add_device(p)
+    p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
+    p.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"))
+    p.add_argument("--tolerance", default="default", choices=("default", "kernelbench-v0.1"))
+    p.add_argument("--results", default=None, help="JSONL file to append the result to")
+    p.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("baseline", help="time the baselines of a dataset and fill the baseline cache")
+    _add_dataset(p)
+    _add_device(p)
+    p.add_argument("--level", type=int, choices=(1, 2, 3))
+    p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file")
+    p.add_argument("results", help="results JSONL file")
+    p.add_argument("--png", default=None, help="write a fast_p-vs-p plot here")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ProblemError as exc:
+        print(f"kb-gym: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"kb-gym: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

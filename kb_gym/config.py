@@ -1,0 +1,79 @@
+"""EvalConfig: every knob of one evaluation, with the defaults DESIGN.md's protocol asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# Tolerances by preset and precision: (atol, rtol). "kernelbench-v0.1" is the original harness's
+# single 1e-2 for everything; "default" is tighter for fp32 so that wrong-but-close kernels fail.
+TOLERANCE_PRESETS: dict[str, dict[str, tuple[float, float]]] = {
+    "default": {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (1e-2, 1e-2)},
+    "kernelbench-v0.1": {"fp32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (1e-2, 1e-2)},
+}
+BASELINES = ("eager", "compile")
+
+
+@dataclass
+class EvalConfig:
+    """How a candidate is checked and timed. Passed to the worker as plain data.
+
+    Stage limits are wall-clock seconds; a stage that overruns gets ``timeout`` and the worker is
+    replaced. ``timing_target_rel_ci`` is the half-width of the 95% interval of the median speedup,
+    relative to it, at which timing stops early (never before ``timing_min_reps`` pairs).
+    """
+
+    precision: str = "fp32"
+    tolerance: str = "default"
+    atol: float | None = None
+    rtol: float | None = None
+    trials: int = 5
+    baseline: str = "eager"
+    timing: bool = True
+    timing_warmup: int = 3
+    timing_min_reps: int = 10
+    timing_max_reps: int = 200
+    timing_target_rel_ci: float = 0.01
+    timing_max_seconds: float = 20.0
+    timing_input_sets: int = 4
+    check_timed_outputs: bool = True
+    reuse_cached_baseline: bool = False
+    load_timeout: float = 300.0
+    correctness_timeout: float = 120.0
+    timing_timeout: float = 180.0
+    memory_limit_mb: int = 32_000
+    max_source_chars: int = 200_000
+    integrity: str = "strict"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        if self.tolerance not in TOLERANCE_PRESETS:
+            raise ValueError(f"tolerance must be one of {sorted(TOLERANCE_PRESETS)}, got {self.tolerance!r}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.trials < 1:
+            raise ValueError("trials must be >= 1")
+        if self.timing_min_reps < 3 or self.timing_max_reps < self.timing_min_reps:
+            raise ValueError("need 3 <= timing_min_reps <= timing_max_reps")
+
+    @property
+    def tolerances(self) -> tuple[float, float]:
+        atol, rtol = TOLERANCE_PRESETS[self.tolerance][self.precision]
+        return (self.atol if self.atol is not None else atol, self.rtol if self.rtol is not None else rtol)
+
+    def stage_limit(self, stage: str) -> float:
+        return {"load": self.load_timeout, "correctness": self.correctness_timeout,
+                "timing": self.timing_timeout}.get(stage, self.load_timeout)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["atol"], data["rtol"] = self.tolerances
+        return data
+
+    def replace(self, **changes: Any) -> EvalConfig:
+        return dataclasses.replace(self, **changes)

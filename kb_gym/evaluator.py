@@ -1,0 +1,301 @@
+"""Evaluator: one object that serves envs, TRL reward functions, the CLI and the benchmark.
+
+Cheap verdicts (no code block, a syntax error, text too long) are decided here in microseconds;
+everything else goes through a queue to one warm worker process per device. The evaluator process
+never imports candidate code.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from kb_gym.baseline_cache import BaselineCache, baseline_key
+from kb_gym.config import EvalConfig
+from kb_gym.extract import extract_code
+from kb_gym.feedback import render_feedback
+from kb_gym.problems import Problem
+from kb_gym.result import EvalResult, Status
+from kb_gym.store import ResultsStore, default_results_path
+from kb_gym.workers import WorkerDied, WorkerHandle
+
+MAX_TEXT_CHARS = 1_000_000
+
+
+def resolve_devices(devices: str | Sequence[str] = "auto") -> list[str]:
+    """``"auto"``: every visible CUDA GPU, else the CPU. Also ``"cuda"``, ``"cpu"``, ``"cuda:1"``,
+    or a list of those."""
+    if isinstance(devices, str):
+        if devices == "auto":
+            import torch
+
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            return [f"cuda:{i}" for i in range(n)] or ["cpu"]
+        if devices == "cuda":
+            return [f"cuda:{i}" for i in range(max(1, _cuda_count()))]
+        return [d.strip() for d in devices.split(",") if d.strip()]
+    return list(devices)
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+class Evaluator:
+    """Compile, check and time candidates against their reference, in sandboxed warm workers.
+
+    Args:
+        devices: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:0"`` or a list; one worker per device.
+        config: an EvalConfig; keyword overrides (``trials=3``, ``baseline="compile"``) apply on top.
+        results_path: JSONL file every result is appended to; None = the default under the user
+            cache folder, False = do not record.
+        baseline_cache: a BaselineCache, None = the default file, False = none.
+    """
+
+    def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | None = None, *,
+                 results_path: str | os.PathLike | None | bool = None,
+                 baseline_cache: BaselineCache | None | bool = None, **overrides: Any) -> None:
+        self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
+        self.devices = resolve_devices(devices)
+        if results_path is False:
+            self.store = None
+        else:
+            self.store = ResultsStore(results_path if results_path not in (None, True) else default_results_path())
+        if baseline_cache is False:
+            self.baselines = None
+        else:
+            self.baselines = baseline_cache if isinstance(baseline_cache, BaselineCache) else BaselineCache()
+        self._queue: queue.Queue = queue.Queue()
+        self._workers = [WorkerHandle(d) for d in self.devices]
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._job_counter = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Evaluator:
+        """Start the worker threads (workers themselves start on first use, or now if ``warm``)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Evaluator is closed")
+            if not self._threads:
+                for handle in self._workers:
+                    t = threading.Thread(target=self._serve, args=(handle,), daemon=True,
+                                         name=f"kb-gym-{handle.device}")
+                    t.start()
+                    self._threads.append(t)
+        return self
+
+    def warm(self) -> Evaluator:
+        """Start every worker process now, so the first evaluation pays no start-up."""
+        self.start()
+        for handle in self._workers:
+            if not handle.alive:
+                handle.start()
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+        for handle in self._workers:
+            handle.shutdown()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    @property
+    def worker_stats(self) -> list[dict[str, Any]]:
+        return [{"device": h.device, "alive": h.alive, "jobs": h.jobs, "restarts": h.restarts,
+                 "pid": h.proc.pid if h.proc else None} for h in self._workers]
+
+    # --- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
+                 config: EvalConfig | None = None) -> EvalResult:
+        """Evaluate one candidate (raw source or an LLM completion). Never raises for bad input."""
+        return self.submit(problem, text, seed=seed, config=config).result()
+
+    def evaluate_many(self, pairs: Iterable[tuple[Problem, str]], *, progress: bool = False,
+                      config: EvalConfig | None = None) -> list[EvalResult]:
+        """Evaluate many candidates concurrently across the devices; results in input order."""
+        futures = [self.submit(p, s, config=config) for p, s in pairs]
+        if progress:
+            from tqdm.auto import tqdm
+
+            for _ in tqdm(_as_completed(futures), total=len(futures), desc="evaluating"):
+                pass
+        return [f.result() for f in futures]
+
+    def evaluate_reference(self, problem: Problem, *, config: EvalConfig | None = None) -> EvalResult:
+        """Time the baseline alone (no candidate) and store it in the baseline cache."""
+        return self._dispatch(problem, None, "", secrets.randbits(31), config or self.config).result()
+
+    def submit(self, problem: Problem, text: str, *, seed: int | None = None,
+               config: EvalConfig | None = None) -> Future:
+        cfg = config or self.config
+        started = time.perf_counter()
+        early = self._precheck(problem, text, cfg)
+        if early is not None:
+            early.stage_seconds["precheck"] = time.perf_counter() - started
+            self._finish(early, "")
+            future: Future = Future()
+            future.set_result(early)
+            return future
+        source = extract_code(text).code
+        return self._dispatch(problem, source, text, seed if seed is not None else secrets.randbits(31), cfg)
+
+    def _precheck(self, problem: Problem, text: str, cfg: EvalConfig) -> EvalResult | None:
+        if not isinstance(text, str):
+            return self._verdict(problem, "", Status.FORMAT_ERROR,
+                                 f"the answer must be text, got {type(text).__name__}", cfg)
+        if len(text) > MAX_TEXT_CHARS:
+            return self._verdict(problem, text, Status.FORMAT_ERROR,
+                                 f"the answer is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}", cfg)
+        found = extract_code(text)
+        if found.code is None:
+            return self._verdict(problem, text, Status.FORMAT_ERROR, found.error or "no code", cfg)
+        if len(found.code) > cfg.max_source_chars:
+            return self._verdict(problem, found.code, Status.FORMAT_ERROR,
+                                 f"the code is {len(found.code):,} characters; the limit is "
+                                 f"{cfg.max_source_chars:,}", cfg)
+        try:
+            ast.parse(found.code)
+        except SyntaxError as exc:
+            line = (exc.text or "").rstrip()
+            return self._verdict(problem, found.code, Status.COMPILE_ERROR,
+                                 f"SyntaxError: {exc.msg} (line {exc.lineno})" + (f":\n    {line}" if line else ""),
+                                 cfg)
+        return None
+
+    def _verdict(self, problem: Problem, source: str, status: Status, error: str, cfg: EvalConfig) -> EvalResult:
+        return EvalResult(status=status.value, error=error, baseline=cfg.baseline, precision=cfg.precision,
+                          **_problem_fields(problem), source_hash=_hash(source))
+
+    def _dispatch(self, problem: Problem, source: str | None, text: str, seed: int, cfg: EvalConfig) -> Future:
+        if self._closed:
+            raise RuntimeError("this Evaluator is closed")
+        self.start()
+        with self._lock:
+            self._job_counter += 1
+            job_id = self._job_counter
+        job = {"type": "eval", "job_id": job_id, "problem_code": problem.code, "problem_key": problem.key,
+               "source": source, "seed": seed, "config": cfg.to_dict()}
+        future: Future = Future()
+        self._queue.put((job, problem, cfg, future, time.perf_counter()))
+        return future
+
+    def _serve(self, handle: WorkerHandle) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, problem, cfg, future, queued = item
+            try:
+                result = self._run_on(handle, job, problem, cfg, queued)
+            except Exception as exc:  # noqa: BLE001 - the caller always gets a verdict
+                result = self._verdict(problem, job.get("source") or "", Status.CRASH,
+                                       f"evaluator error: {type(exc).__name__}: {exc}", cfg)
+            future.set_result(result)
+
+    def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
+                queued: float) -> EvalResult:
+        limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
+        started = time.perf_counter()
+        try:
+            raw = handle.run(job, limits, cfg.memory_limit_mb)
+        except WorkerDied as exc:
+            raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
+        log_tail = raw.pop("log_tail", "")
+        known = {k: raw[k] for k in ("status", "compiled", "correct", "speedup", "speedup_ci", "runtime_ms",
+                                     "runtime_ci_ms", "ref_runtime_ms", "ref_runtime_ci_ms", "timing_reps",
+                                     "backend", "flags", "error", "correctness", "custom_kernel_launches",
+                                     "stage_seconds") if k in raw}
+        known.setdefault("status", Status.CRASH.value)
+        if job["source"] is None and known["status"] == "correct":
+            known["correct"] = False  # a baseline-only job has no candidate to be correct
+        result = EvalResult(**known, **_problem_fields(problem), source_hash=_hash(job["source"] or ""),
+                            baseline=cfg.baseline, precision=cfg.precision, device=handle.device,
+                            hardware=dict(handle.info.get("hardware", {})),
+                            worker={"pid": handle.info.get("pid"), "restarts": handle.restarts,
+                                    "pid_namespace": handle.info.get("pid_namespace", False),
+                                    "network_namespace": handle.info.get("network_namespace", False)})
+        result.stage_seconds["queue"] = started - queued
+        result.stage_seconds["total"] = time.perf_counter() - queued
+        if raw.get("failed_stage"):
+            result.correctness.setdefault("failed_stage", raw["failed_stage"])
+        self._record_baseline(problem, cfg, result)
+        self._finish(result, log_tail)
+        return result
+
+    def _record_baseline(self, problem: Problem, cfg: EvalConfig, result: EvalResult) -> None:
+        if self.baselines is None or result.ref_runtime_ms is None or not result.hardware.get("hash"):
+            return
+        key = baseline_key(problem.code_hash, cfg.precision, cfg.baseline, result.hardware["hash"])
+        try:
+            self.baselines.put(key, {"problem": problem.key, "ref_runtime_ms": result.ref_runtime_ms,
+                                     "ref_runtime_ci_ms": result.ref_runtime_ci_ms, "reps": result.timing_reps,
+                                     "device": result.hardware.get("name", "")})
+        except OSError:
+            pass  # a read-only cache must not cost the caller its verdict
+
+    def _finish(self, result: EvalResult, log_tail: str) -> None:
+        result.feedback = render_feedback(result, log_tail)
+        if self.store is not None:
+            self.store.append(result)
+
+
+def _problem_fields(problem: Problem) -> dict[str, Any]:
+    return {"problem_name": problem.name, "problem_id": problem.id, "level": problem.level}
+
+
+def _hash(source: str) -> str:
+    return hashlib.sha256(source.encode(errors="replace")).hexdigest()[:16]
+
+
+def _as_completed(futures: list[Future]) -> Iterable[Future]:
+    from concurrent.futures import as_completed
+
+    return as_completed(futures)
+
+
+_default: Evaluator | None = None
+_default_lock = threading.Lock()
+
+
+def evaluate(problem: Problem, text: str, device: str = "auto", **overrides: Any) -> EvalResult:
+    """One-shot evaluation through a shared, lazily started Evaluator for ``device``."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.devices != resolve_devices(device) or overrides:
+            if _default is not None and not overrides:
+                _default.close()
+            if overrides:
+                with Evaluator(device, **overrides) as ev:
+                    return ev.evaluate(problem, text)
+            _default = Evaluator(device)
+        ev = _default
+    return ev.evaluate(problem, text)

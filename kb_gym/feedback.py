@@ -1,0 +1,72 @@
+"""Feedback text: what a kernel engineer would want to read before the next attempt."""
+
+from __future__ import annotations
+
+import re
+
+from kb_gym.result import EvalResult, bound_text
+
+FEEDBACK_CHARS = 1500
+
+FLAG_NOTES = {
+    "no_custom_kernel": "no kernel of your own (Triton @triton.jit or a load_inline extension) ran in "
+                        "forward; plain PyTorch earns no speed credit",
+    "input_mutation": "forward modified its input tensors in place; do not write to inputs",
+    "side_stream": "work ran on another stream after forward returned; timing used the host clock",
+    "tampering": "the code replaced functions of the evaluation harness",
+    "timing_mismatch": "outputs produced while timing differed from the reference",
+    "degenerate_problem": "this problem's outputs are tiny, so correctness was also checked by relative error",
+    "excessive_speedup": "the speedup is beyond what the hardware allows for this problem",
+}
+
+
+def compiler_errors(text: str, limit: int = FEEDBACK_CHARS) -> str:
+    """Keep the lines of a build log that say what is wrong (errors with their context)."""
+    lines = text.splitlines()
+    keep: list[int] = []
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b|Error:|undefined|not declared|no matching|expected", line):
+            keep.extend(range(max(0, i - 1), min(len(lines), i + 3)))
+    if not keep:
+        return bound_text(text, limit)
+    picked = [lines[i] for i in sorted(set(keep))]
+    return bound_text("\n".join(picked), limit)
+
+
+def render_feedback(result: EvalResult, log_tail: str = "") -> str:
+    """One short paragraph (or a trimmed error) for the policy's next turn."""
+    status = result.status
+    error = result.error or ""
+    if status == "format_error":
+        text = f"Format error: {error}"
+    elif status == "rejected":
+        text = f"Rejected by the integrity policy: {error}"
+    elif status == "compile_error":
+        text = "Compilation or import failed:\n" + compiler_errors(error)
+    elif status == "runtime_error":
+        text = "Runtime error while running ModelNew:\n" + bound_text(error, FEEDBACK_CHARS)
+    elif status == "timeout":
+        text = f"Timeout: {error}. Look for an endless loop, a kernel that never finishes, or far too much work."
+    elif status == "crash":
+        text = f"The worker process crashed: {error}."
+        if log_tail.strip():
+            text += "\nLast output:\n" + bound_text(log_tail.strip(), 600)
+    elif status == "incorrect":
+        text = f"Incorrect output: {error}"
+    else:
+        text = _timing_text(result)
+    notes = [f"Note: {FLAG_NOTES.get(f, f)}." for f in result.flags]
+    if notes:
+        text += "\n" + "\n".join(notes)
+    return bound_text(text, FEEDBACK_CHARS + 400)
+
+
+def _timing_text(result: EvalResult) -> str:
+    if result.runtime_ms is None or result.ref_runtime_ms is None:
+        return "Correct (not timed)."
+    ci = result.speedup_ci or [None, None]
+    interval = f" (95% interval {ci[0]:.2f}-{ci[1]:.2f})" if None not in ci else ""
+    verdict = "faster than" if (result.speedup or 0) > 1 else "not faster than"
+    return (f"Correct. Your kernel: {result.runtime_ms:.4g} ms; PyTorch {result.baseline} baseline: "
+            f"{result.ref_runtime_ms:.4g} ms; speedup {result.speedup:.3f}x{interval}, {verdict} the baseline "
+            f"({result.timing_reps} paired runs on {result.device}).")

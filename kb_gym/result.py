@@ -1,0 +1,98 @@
+"""EvalResult: the plain-data verdict of one evaluation, serialisable to one JSON line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+MAX_ERROR_CHARS = 2000
+
+
+class Status(StrEnum):
+    """Verdicts, in the order a candidate can fail (earliest first)."""
+
+    FORMAT_ERROR = "format_error"
+    REJECTED = "rejected"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    INCORRECT = "incorrect"
+    CORRECT = "correct"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUS_ORDER: tuple[str, ...] = tuple(s.value for s in Status)
+
+
+@dataclass
+class EvalResult:
+    """Everything measured about one candidate on one problem.
+
+    ``speedup`` is baseline median / candidate median and is set only when the candidate is
+    correct. ``flags`` name integrity findings (``no_custom_kernel``, ``excessive_speedup``...);
+    what they cost is decided by the reward and the integrity policy, never silently here.
+    """
+
+    status: str
+    problem_name: str = ""
+    problem_id: int | None = None
+    level: int | None = None
+    source_hash: str = ""
+    compiled: bool = False
+    correct: bool = False
+    speedup: float | None = None
+    speedup_ci: list[float] | None = None
+    runtime_ms: float | None = None
+    runtime_ci_ms: list[float] | None = None
+    ref_runtime_ms: float | None = None
+    ref_runtime_ci_ms: list[float] | None = None
+    timing_reps: int = 0
+    baseline: str = "eager"
+    precision: str = "fp32"
+    backend: str = "unknown"
+    device: str = ""
+    flags: list[str] = field(default_factory=list)
+    error: str | None = None
+    feedback: str = ""
+    correctness: dict[str, Any] = field(default_factory=dict)
+    custom_kernel_launches: int | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    worker: dict[str, Any] = field(default_factory=dict)
+    timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status).value
+        if self.error is not None:
+            self.error = bound_text(self.error)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.CORRECT.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def bound_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Keep the head and the tail of a long message: the tail of a traceback is the useful part."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"

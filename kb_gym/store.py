@@ -1,0 +1,40 @@
+"""Results store: every EvalResult appended as one JSON line, flushed to disk before returning."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from kb_gym.result import EvalResult
+
+
+def cache_dir() -> Path:
+    """kb_gym's folder under the user cache (KB_GYM_CACHE overrides, then XDG_CACHE_HOME)."""
+    root = os.environ.get("KB_GYM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kb_gym")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_results_path() -> Path:
+    return cache_dir() / "results" / f"results-{time.strftime('%Y%m%d')}.jsonl"
+
+
+class ResultsStore:
+    """Append-only JSONL file. Thread-safe; each line is written, flushed and fsynced under a
+    lock, so a process killed after ``append`` returns loses nothing already returned."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def append(self, result: EvalResult) -> None:
+        line = result.to_json() + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())

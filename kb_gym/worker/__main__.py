@@ -1,0 +1,84 @@
+"""Worker process: ``python -m kb_gym.worker --device cuda:0``.
+
+Speaks the protocol on its original stdin/stdout, which it moves to private descriptors at start;
+fd 1 and 2 then both go to the stderr pipe, so whatever a candidate prints lands in a bounded log
+the evaluator drains, never in the protocol stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _take_protocol_fds() -> tuple[int, int]:
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    for fd in (proto_in, proto_out):
+        os.set_inheritable(fd, False)  # children of a candidate must not hold the protocol pipe
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    return proto_in, proto_out
+
+
+def _limits() -> None:
+    # No core files; cap any single file a candidate writes. Address-space limits break CUDA's
+    # virtual reservations, so memory is policed from the evaluator by resident size instead.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 30, 2 << 30))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kb_gym.worker")
+    parser.add_argument("--device", required=True)
+    args = parser.parse_args()
+    proto_in, proto_out = _take_protocol_fds()
+    _limits()
+
+    from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
+
+    def send(message: dict) -> None:
+        write_message(proto_out, message)
+
+    started = time.perf_counter()
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch  # noqa: F401 - import cost belongs to start-up, not the first evaluation
+
+    from kb_gym.hardware import fingerprint
+    from kb_gym.worker.runtime import WorkerContext, run_job
+
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(args.device))
+    scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
+    ctx = WorkerContext(args.device, scratch, send)
+    send({"type": "ready", "pid": os.getpid(), "startup_seconds": time.perf_counter() - started,
+          "hardware": fingerprint(args.device)})
+    reader = MessageReader(proto_in)
+    while True:
+        try:
+            job = reader.read(None)
+        except ProtocolError:
+            break
+        if job is None or job.get("type") == "shutdown":
+            break
+        result = run_job(ctx, job)
+        result["type"] = "result"
+        result["job_id"] = job.get("job_id")
+        send(result)
+        if result.get("restart"):
+            break  # the evaluator starts a fresh worker
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

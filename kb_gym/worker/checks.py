@@ -1,0 +1,128 @@
+"""Output comparison: shapes and dtypes first, then values, with a guard against trivial outputs.
+
+Functions here are bound at worker start-up, before any candidate is imported, so a candidate
+that patches ``torch.allclose`` later does not change what this module calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_isclose = torch.isclose
+_isnan = torch.isnan
+_isfinite = torch.isfinite
+_where = torch.where
+_zeros_like = torch.zeros_like
+
+
+class OutputFormatError(TypeError):
+    """forward returned something that is not a tensor, a number or a sequence of them."""
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (bool, int, float)):
+        return [torch.tensor(out)]
+    if isinstance(out, (list, tuple)):
+        flat: list[torch.Tensor] = []
+        for item in out:
+            flat.extend(flatten_outputs(item))
+        return flat
+    raise OutputFormatError(f"forward returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    reason: str = ""
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    mismatch_fraction: float = 0.0
+    degenerate: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.double() - b.double()).norm().item()
+    scale = b.double().norm().item()
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
+                    trivial: list[torch.Tensor] | None = None) -> Comparison:
+    """Compare candidate and reference outputs element by element.
+
+    ``trivial`` are outputs a cheating kernel could return without computing anything (zeros, the
+    first input). When one of them already passes ``isclose`` against the reference, the problem's
+    output is too small for the tolerance to tell (KernelBench issue #165); then the candidate
+    must also beat a relative L2 error bound the trivial output cannot meet.
+    """
+    try:
+        cand = flatten_outputs(candidate)
+    except OutputFormatError as exc:
+        return Comparison(False, str(exc))
+    ref = flatten_outputs(reference)
+    if len(cand) != len(ref):
+        return Comparison(False, f"forward returned {len(cand)} tensor(s), the reference returns {len(ref)}")
+    worst = Comparison(True)
+    for i, (c, r) in enumerate(zip(cand, ref, strict=True)):
+        label = f"output {i}" if len(ref) > 1 else "output"
+        if tuple(c.shape) != tuple(r.shape):
+            return Comparison(False, f"{label} shape {tuple(c.shape)} != expected {tuple(r.shape)}")
+        if c.dtype != r.dtype:
+            return Comparison(False, f"{label} dtype {c.dtype} != expected {r.dtype}")
+        if c.device != r.device:
+            return Comparison(False, f"{label} is on {c.device}, expected {r.device}")
+        result = _compare_tensor(c, r, atol, rtol, trivial or [], label)
+        worst.degenerate |= result.degenerate
+        worst.max_abs_err = max(worst.max_abs_err, result.max_abs_err)
+        worst.max_rel_err = max(worst.max_rel_err, result.max_rel_err)
+        worst.mismatch_fraction = max(worst.mismatch_fraction, result.mismatch_fraction)
+        if not result.ok:
+            result.degenerate = worst.degenerate
+            return result
+    return worst
+
+
+def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
+                    trivial: list[torch.Tensor], label: str) -> Comparison:
+    if c.numel() == 0:
+        return Comparison(True)
+    if not (c.is_floating_point() or c.is_complex()):
+        equal = c == r
+        frac = 1.0 - equal.float().mean().item()
+        return Comparison(bool(equal.all().item()), f"{label}: {frac:.2%} of integer values differ" if frac else "",
+                          mismatch_fraction=frac)
+    cd, rd = c.detach().double(), r.detach().double()
+    close = _isclose(cd, rd, rtol=rtol, atol=atol, equal_nan=False)
+    nan_count = int(_isnan(cd).sum().item())
+    diff = (cd - rd).abs()
+    finite = _isfinite(diff)
+    max_abs = float(diff[finite].max().item()) if bool(finite.any().item()) else float("inf")
+    rel = diff / rd.abs().clamp_min(atol)
+    max_rel = float(rel[finite].max().item()) if bool(finite.any().item()) else float("inf")
+    frac = 1.0 - close.float().mean().item()
+    degenerate = any(t.shape == r.shape and bool(_isclose(t.detach().double(), rd, rtol=rtol, atol=atol).all())
+                     for t in trivial)
+    if frac > 0 or nan_count:
+        bad = (~close).nonzero()
+        first = tuple(bad[0].tolist()) if len(bad) else ()
+        where = (f"; first mismatch at index {first}: got {cd[first].item():.6g}, expected {rd[first].item():.6g}"
+                 if first else "")
+        nan_note = f"; {nan_count} NaN value(s)" if nan_count else ""
+        return Comparison(False, f"{label}: {frac:.2%} of values differ beyond atol={atol:g}, rtol={rtol:g}; "
+                                 f"max abs error {max_abs:.3g}, max rel error {max_rel:.3g}{nan_note}{where}",
+                          max_abs, max_rel, frac, degenerate)
+    if degenerate:
+        # Trivial outputs pass the elementwise test: demand a relative L2 error well below theirs.
+        bound = min(max(atol, rtol) * 10, 0.1 * min(_rel_l2(t, r) for t in trivial if t.shape == r.shape))
+        err = _rel_l2(c, r)
+        if not err <= bound:
+            return Comparison(False, f"{label}: relative L2 error {err:.3g} exceeds {bound:.3g}; this problem's "
+                                     "output is so small that zeros pass the tolerance, so it is checked by "
+                                     "relative error too", max_abs, max_rel, frac, True)
+    return Comparison(True, "", max_abs, max_rel, frac, degenerate)

@@ -1,0 +1,91 @@
+"""Count launches of the candidate's own kernels (Triton JIT functions, load_inline extensions).
+
+Installed once in the worker before any candidate is imported. A candidate whose forward launches
+none of its own kernels earns the ``no_custom_kernel`` flag.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+
+class LaunchCounter:
+    def __init__(self) -> None:
+        self.count = 0
+        self.backends: set[str] = set()
+
+    def reset(self) -> None:
+        self.count = 0
+
+    def install(self) -> None:
+        self._hook_triton()
+        self._hook_cpp_extensions()
+
+    def _hook_triton(self) -> None:
+        try:
+            import triton.runtime.jit as jit
+        except Exception:  # noqa: BLE001 - no Triton: nothing to count
+            return
+        classes = [jit.JITFunction]
+        try:
+            import triton.runtime.interpreter as interpreter
+
+            classes.append(interpreter.InterpretedFunction)
+        except Exception:  # noqa: BLE001
+            pass
+        for cls in classes:
+            original = cls.run
+            if getattr(original, "_kb_counted", False):
+                continue
+
+            def run(kernel: Any, *args: Any, _original=original, **kwargs: Any) -> Any:
+                if not kwargs.get("warmup", False):
+                    self.count += 1
+                    self.backends.add("triton")
+                return _original(kernel, *args, **kwargs)
+
+            run._kb_counted = True  # type: ignore[attr-defined]
+            cls.run = run
+
+    def _hook_cpp_extensions(self) -> None:
+        import torch.utils.cpp_extension as cpp
+
+        for name in ("load_inline", "load"):
+            original = getattr(cpp, name)
+            if getattr(original, "_kb_counted", False):
+                continue
+
+            @functools.wraps(original)
+            def loader(*args: Any, _original=original, **kwargs: Any) -> Any:
+                module = _original(*args, **kwargs)
+                return CountingModule(module, self) if isinstance(module, types.ModuleType) else module
+
+            loader._kb_counted = True  # type: ignore[attr-defined]
+            setattr(cpp, name, loader)
+
+
+class CountingModule:
+    """Stands in for a compiled extension module and counts calls to its functions."""
+
+    def __init__(self, module: types.ModuleType, counter: LaunchCounter) -> None:
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_counter", counter)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if callable(value) and not isinstance(value, type):
+            counter = self._counter
+
+            @functools.wraps(value)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                counter.count += 1
+                counter.backends.add("cuda")
+                return value(*args, **kwargs)
+
+            return call
+        return value
+
+    def __dir__(self) -> list[str]:
+        return dir(self._module)

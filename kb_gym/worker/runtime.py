@@ -1,0 +1,415 @@
+"""One evaluation inside the worker: load, build, check, time. Returns plain data.
+
+Runs untrusted code in this process, so the evaluator never does. Everything the harness relies
+on (comparison, clocks, synchronisation) is bound at import time, before the first candidate.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import inspect
+import os
+import random
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kb_gym.worker.checks import compare_outputs, flatten_outputs
+from kb_gym.worker.launches import LaunchCounter
+from kb_gym.worker.timing import Timer
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_clone = torch.Tensor.clone
+
+
+class StageError(Exception):
+    """A failure with a verdict attached: status and a message for the policy."""
+
+    def __init__(self, status: str, message: str, restart: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.restart = restart
+
+
+class WorkerContext:
+    """What one worker keeps warm between evaluations."""
+
+    def __init__(self, device: str, scratch_root: Path, send: Callable[[dict], None]) -> None:
+        self.device = torch.device(device)
+        self.scratch_root = scratch_root
+        self.send = send
+        self.counter = LaunchCounter()
+        self.counter.install()
+        self.timer = Timer(self.device)
+        self.jobs_done = 0
+        self.compiled_baselines: dict[str, Any] = {}
+        self.originals = _harness_identity()
+        self.idle_gpu_bytes = self._gpu_bytes()
+
+    def _gpu_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
+
+def _harness_identity() -> dict[str, Any]:
+    # The objects a candidate might patch to fool the check or the clock; compared after each job.
+    import time as _time
+
+    return {"torch.allclose": torch.allclose, "torch.isclose": torch.isclose,
+            "torch.equal": torch.equal, "torch.Tensor.__eq__": torch.Tensor.__eq__,
+            "torch.Tensor.clone": torch.Tensor.clone, "time.perf_counter": _time.perf_counter,
+            "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+            "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time}
+
+
+def _tampered(ctx: WorkerContext) -> list[str]:
+    now = _harness_identity()
+    return [name for name, obj in ctx.originals.items() if now[name] is not obj]
+
+
+def _load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trim_traceback(exc: BaseException, candidate_file: str) -> str:
+    """The exception with the frames that matter to the policy: its own file's, and the last."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    keep = [f for f in frames if f.filename == candidate_file]
+    if frames and (not keep or keep[-1] is not frames[-1]):
+        keep.append(frames[-1])
+    lines = [f'  File "{Path(f.filename).name}", line {f.lineno}, in {f.name}\n    {f.line or ""}'
+             for f in keep[-6:]]
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return ("Traceback (most relevant frames):\n" + "\n".join(lines) + "\n" if lines else "") + message
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:
+        pass
+
+
+def _make_inputs(module: Any, seed: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
+    _seed_all(seed)
+    with torch.device(device):  # build inputs on the device: no multi-GB host tensors
+        raw = module.get_inputs()
+    if isinstance(raw, torch.Tensor) or not isinstance(raw, (list, tuple)):
+        raw = [raw]
+    return [_place(x, device, dtype) for x in raw]
+
+
+def _place(x: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.to(device)
+        return x.to(dtype) if x.is_floating_point() else x  # integer inputs keep their dtype
+    return x
+
+
+def _clone_inputs(inputs: list[Any]) -> list[Any]:
+    return [_clone(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _check_signature(cls: type, method: str, args: list[Any], ref_cls: type) -> None:
+    try:
+        inspect.signature(getattr(cls, method)).bind(None, *args)
+    except TypeError as exc:
+        ref_sig = inspect.signature(getattr(ref_cls, method))
+        raise StageError("compile_error",
+                         f"ModelNew.{method} cannot take the reference's arguments ({len(args)} given): {exc}. "
+                         f"Model.{method} is {ref_sig}; ModelNew must accept the same arguments.") from None
+    except ValueError:
+        pass  # builtins without a signature: let the call decide
+
+
+def _sticky_cuda_error(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        torch.zeros(1, device=device).add_(1).item()
+        return False
+    except Exception:  # noqa: BLE001 - any failure here means the context is unusable
+        return True
+
+
+def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one job; never raises. The dict holds EvalResult fields plus ``restart``."""
+    job_dir = ctx.scratch_root / f"job_{ctx.jobs_done}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(job_dir)
+    os.environ["TMPDIR"] = str(job_dir)
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(job_dir / "torch_extensions")
+    import tempfile
+
+    tempfile.tempdir = str(job_dir)
+    result: dict[str, Any] = {"stage_seconds": {}, "flags": [], "restart": False}
+    state: dict[str, Any] = {}
+    try:
+        _pipeline(ctx, job, job_dir, result, state)
+    except StageError as exc:
+        result.update(status=exc.status, error=exc.message)
+        result["restart"] |= exc.restart
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
+        result.update(status="runtime_error", error=_trim_traceback(exc, state.get("candidate_file", "")))
+    finally:
+        state.clear()
+        ctx.jobs_done += 1
+        _cleanup(ctx, job_dir, result)
+    return result
+
+
+def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: dict[str, Any],
+              state: dict[str, Any]) -> None:
+    cfg = job["config"]
+    device, dtype = ctx.device, _DTYPES[cfg["precision"]]
+    seed = int(job["seed"])
+    atol, rtol = float(cfg["atol"]), float(cfg["rtol"])
+    stages = result["stage_seconds"]
+
+    # --- load: reference and candidate modules, models --------------------------------------
+    ctx.send({"type": "stage", "stage": "load"})
+    t0 = time.perf_counter()
+    ref_path = job_dir / "reference.py"
+    ref_path.write_text(job["problem_code"])
+    try:
+        ref_mod = _load_module(ref_path, f"kb_reference_{ctx.jobs_done}")
+        _seed_all(seed)
+        init_inputs = list(ref_mod.get_init_inputs())
+        _seed_all(seed)
+        with torch.device(device):
+            ref_model = ref_mod.Model(*init_inputs)
+        ref_model = ref_model.to(device=device, dtype=dtype).eval()
+    except Exception as exc:  # noqa: BLE001
+        raise StageError("runtime_error", f"the reference problem failed to load: {_trim_traceback(exc, '')}") from None
+    state["ref_model"] = ref_model
+
+    cand_fn: Callable[..., Any] | None = None
+    cand_model = None
+    if job.get("source") is not None:
+        cand_path = job_dir / "candidate.py"
+        cand_path.write_text(job["source"])
+        state["candidate_file"] = str(cand_path)
+        try:
+            cand_mod = _load_module(cand_path, f"kb_candidate_{ctx.jobs_done}")
+        except BaseException as exc:  # noqa: BLE001
+            raise StageError("compile_error", _trim_traceback(exc, str(cand_path))) from None
+        model_cls = getattr(cand_mod, "ModelNew", None)
+        if not isinstance(model_cls, type):
+            raise StageError("format_error", "the code runs but defines no class ModelNew")
+        _check_signature(model_cls, "__init__", init_inputs, ref_mod.Model)
+        try:
+            _seed_all(seed)  # same seed as the reference: same parameters in the same order match
+            with torch.device(device):
+                cand_model = model_cls(*init_inputs)
+            if isinstance(cand_model, torch.nn.Module):
+                cand_model = cand_model.to(device=device, dtype=dtype).eval()
+        except BaseException as exc:  # noqa: BLE001
+            raise StageError("compile_error", "constructing ModelNew failed:\n"
+                             + _trim_traceback(exc, str(cand_path))) from None
+        if not callable(cand_model):
+            raise StageError("compile_error", "ModelNew(...) is not callable")
+        cand_fn = cand_model
+        state["cand_model"] = cand_model
+        result["compiled"] = True
+    stages["load"] = time.perf_counter() - t0
+
+    # --- correctness: fresh seeded inputs per trial, candidate runs first ---------------------
+    if cand_fn is not None:
+        ctx.send({"type": "stage", "stage": "correctness"})
+        t0 = time.perf_counter()
+        _correctness(ctx, job, ref_mod, ref_model, cand_fn, init_inputs, seed, dtype, atol, rtol, result, state)
+        stages["correctness"] = time.perf_counter() - t0
+        if result.get("status") == "incorrect":
+            return
+    else:
+        result["compiled"] = True
+
+    # --- timing -------------------------------------------------------------------------------
+    if not cfg["timing"]:
+        result.setdefault("status", "correct")
+        return
+    ctx.send({"type": "stage", "stage": "timing"})
+    t0 = time.perf_counter()
+    _timing(ctx, job, ref_mod, ref_model, cand_fn, seed, dtype, atol, rtol, result)
+    stages["timing"] = time.perf_counter() - t0
+
+
+def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, cand_fn: Any,
+                 init_inputs: list[Any], seed: int, dtype: torch.dtype, atol: float, rtol: float,
+                 result: dict[str, Any], state: dict[str, Any]) -> None:
+    cfg = job["config"]
+    device = ctx.device
+    trials = int(cfg["trials"])
+    report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}
+    result["correctness"] = report
+    degenerate = False
+    launches = 0
+    first_inputs = None
+    for trial in range(trials):
+        inputs = _make_inputs(ref_mod, seed + 1 + trial, device, dtype)
+        if trial == 0:
+            first_inputs = inputs
+            try:
+                inspect.signature(type(cand_fn).forward).bind(None, *inputs)
+            except TypeError as exc:
+                ref_sig = inspect.signature(type(ref_model).forward)
+                raise StageError("compile_error", f"ModelNew.forward cannot take the reference's inputs "
+                                 f"({len(inputs)} given): {exc}. Model.forward is {ref_sig}.") from None
+            except (ValueError, AttributeError):
+                pass
+        pristine = _clone_inputs(inputs)
+        cand_inputs = _clone_inputs(inputs)
+        ctx.counter.reset()
+        try:
+            with torch.no_grad():
+                cand_out = cand_fn(*cand_inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except BaseException as exc:  # noqa: BLE001
+            sticky = _sticky_cuda_error(device)
+            msg = _trim_traceback(exc, state.get("candidate_file", ""))
+            if isinstance(exc, torch.OutOfMemoryError):
+                msg = "out of device memory in forward: " + msg
+            raise StageError("runtime_error", f"trial {trial + 1}/{trials}: {msg}", restart=sticky) from None
+        launches += ctx.counter.count
+        if any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
+               for a, b in zip(cand_inputs, pristine, strict=True)):
+            if "input_mutation" not in result["flags"]:
+                result["flags"].append("input_mutation")
+        with torch.no_grad():
+            ref_out = ref_model(*_clone_inputs(inputs))
+        trivial = _trivial_outputs(ref_out, inputs)
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
+        degenerate |= cmp.degenerate
+        report["max_abs_err"] = max(report["max_abs_err"], cmp.max_abs_err)
+        report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
+        del cand_out, ref_out, pristine, cand_inputs
+        if not cmp.ok:
+            report["failed_trial"] = trial + 1
+            report["reason"] = cmp.reason
+            result.update(status="incorrect", error=f"trial {trial + 1}/{trials}: {cmp.reason}")
+            break
+        report["passed"] += 1
+    if degenerate:
+        result["flags"].append("degenerate_problem")
+    result["custom_kernel_launches"] = launches
+    result["backend"] = ",".join(sorted(ctx.counter.backends)) or "torch"
+    if launches == 0:
+        result["flags"].append("no_custom_kernel")
+    state["first_inputs"] = first_inputs
+    if result.get("status") != "incorrect":
+        result["correct"] = True
+
+
+def _trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
+    refs = flatten_outputs(ref_out)
+    trivial = [torch.zeros_like(r) for r in refs if r.is_floating_point()]
+    trivial += [x for x in inputs[:1] if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    return trivial
+
+
+def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, cand_fn: Any,
+            seed: int, dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any]) -> None:
+    cfg = job["config"]
+    baseline_fn = ref_model
+    if cfg["baseline"] == "compile":
+        key = job["problem_key"]
+        if key not in ctx.compiled_baselines:
+            ctx.compiled_baselines.clear()
+            ctx.compiled_baselines[key] = torch.compile(ref_model)
+        baseline_fn = ctx.compiled_baselines[key]
+    input_sets = [_make_inputs(ref_mod, seed + 1000 + k, ctx.device, dtype)
+                  for k in range(max(1, int(cfg["timing_input_sets"])))]
+
+    def check(cand_out: Any, ref_out: Any) -> str | None:
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol)
+        return None if cmp.ok else cmp.reason
+
+    def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            with torch.no_grad():
+                return fn(*args)
+        return call
+
+    try:
+        timing = ctx.timer.time_pair(
+            no_grad(baseline_fn), no_grad(cand_fn) if cand_fn is not None else None, input_sets,
+            _clone_inputs, check if cfg["check_timed_outputs"] else None,
+            warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
+            max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
+            max_seconds=float(cfg["timing_max_seconds"]))
+    except BaseException as exc:  # noqa: BLE001
+        sticky = _sticky_cuda_error(ctx.device)
+        raise StageError("runtime_error", "failed while timing: " + _trim_traceback(exc, ""),
+                         restart=sticky) from None
+    if timing.mismatch:
+        result.update(status="incorrect", correct=False,
+                      error=f"outputs produced while timing differ from the reference ({timing.mismatch})")
+        result["flags"].append("timing_mismatch")
+        return
+    result.update(timing.summary())
+    if timing.side_stream:
+        result["flags"].append("side_stream")
+    result["status"] = "correct"
+
+
+def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any]) -> None:
+    tampered = _tampered(ctx)
+    if tampered:
+        result["flags"].append("tampering")
+        result["restart"] = True
+        if result.get("status") == "correct":
+            result.update(status="incorrect", correct=False,
+                          error=f"the candidate replaced harness functions: {', '.join(tampered)}")
+    for name in [n for n in sys.modules if n.startswith(("kb_candidate_", "kb_reference_"))]:
+        del sys.modules[name]
+    _kill_children()
+    gc.collect()
+    if ctx.device.type == "cuda":
+        try:
+            torch.cuda.synchronize(ctx.device)
+            torch.cuda.empty_cache()
+            if torch.cuda.memory_allocated(ctx.device) > ctx.idle_gpu_bytes + (512 << 20):
+                result["restart"] = True  # memory the candidate holds on to: start clean
+        except Exception:  # noqa: BLE001
+            result["restart"] = True
+    os.chdir(ctx.scratch_root)
+    shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _kill_children() -> None:
+    """No process a candidate started may outlive its evaluation."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # noqa: BLE001
+        pass
+    while True:  # reap, including orphans re-parented to us as the namespace's init
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break

@@ -1,0 +1,194 @@
+"""The evaluator's side of a worker: start it, feed it a job, watch the clock and memory, kill it."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from kb_gym import sandbox
+from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
+
+LOG_TAIL_BYTES = 16 * 1024
+STARTUP_TIMEOUT = 300.0
+POLL_SECONDS = 0.25
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class _LogDrain(threading.Thread):
+    """Reads the worker's stdout+stderr continuously, keeping only the tail: a candidate that
+    prints 50 MB neither blocks on a full pipe nor fills our memory."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(daemon=True, name="kb-gym-worker-log")
+        self.stream = stream
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.total = 0
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            with self.lock:
+                self.total += len(chunk)
+                self.tail.append(chunk)
+                self.size += len(chunk)
+                while self.size - len(self.tail[0]) >= LOG_TAIL_BYTES:
+                    self.size -= len(self.tail.popleft())
+
+    def mark(self) -> int:
+        with self.lock:
+            return self.total
+
+    def text_since(self, mark: int) -> str:
+        with self.lock:
+            data = b"".join(self.tail)
+            new = self.total - mark
+        data = data[-min(new, LOG_TAIL_BYTES):] if new > 0 else b""
+        return data.decode(errors="replace")
+
+
+class WorkerHandle:
+    """One warm worker process bound to one device."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.proc: subprocess.Popen | None = None
+        self.reader: MessageReader | None = None
+        self.drain: _LogDrain | None = None
+        self.info: dict[str, Any] = {}
+        self.restarts = 0
+        self.jobs = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(PYTHONUNBUFFERED="1", TORCHINDUCTOR_COMPILE_THREADS="1",
+                   PYTHONDONTWRITEBYTECODE="1")
+        if self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        cmd = [*sandbox.namespace_prefix(), sys.executable, "-m", "kb_gym.worker", "--device", self.device]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, start_new_session=True,
+                                     close_fds=True)
+        self.reader = MessageReader(self.proc.stdout.fileno())
+        self.drain = _LogDrain(self.proc.stderr)
+        self.drain.start()
+        mark = 0
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            try:
+                msg = self.reader.read(max(0.0, deadline - time.monotonic()))
+            except ProtocolError:
+                msg = None
+            if msg is not None and msg.get("type") == "ready":
+                break
+            log = self.drain.text_since(mark)
+            self.kill()
+            raise WorkerDied(f"worker for {self.device} failed to start: {log[-2000:]}")
+        self.info = {**msg, **sandbox.describe()}
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        sandbox.kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass
+        self.proc = None
+
+    def shutdown(self) -> None:
+        if self.alive:
+            try:
+                write_message(self.proc.stdin.fileno(), {"type": "shutdown"})
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def _rss_mb(self) -> float:
+        try:
+            import psutil
+
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+            return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+        except Exception:  # noqa: BLE001 - a process vanished mid-walk
+            return 0.0
+
+    def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float) -> dict[str, Any]:
+        """Send a job and wait for its result; a dead, hung or bloated worker becomes a verdict.
+
+        After any verdict that is not the worker's own result, the worker is killed; the next
+        call starts a fresh one.
+        """
+        if not self.alive:
+            if self.proc is not None:
+                self.kill()
+            if self.jobs:
+                self.restarts += 1
+            self.start()
+        self.jobs += 1
+        mark = self.drain.mark()
+        stage = "load"
+        stage_started = time.monotonic()
+        try:
+            write_message(self.proc.stdin.fileno(), job)
+        except OSError as exc:
+            return self._fail("crash", f"could not send the job to the worker ({exc})", mark, stage)
+        while True:
+            limit = stage_limits.get(stage, 300.0)
+            remaining = stage_started + limit - time.monotonic()
+            if remaining <= 0:
+                return self._fail("timeout", f"the {stage} stage exceeded its {limit:g} s limit", mark, stage)
+            try:
+                msg = self.reader.read(min(POLL_SECONDS, remaining))
+            except ProtocolError as exc:
+                code = self.proc.poll() if self.proc else None
+                why = f"the worker process died (exit code {code})" if code is not None else str(exc)
+                return self._fail("crash", f"{why} during the {stage} stage", mark, stage)
+            if msg is None:
+                rss = self._rss_mb()
+                if rss > memory_limit_mb:
+                    return self._fail("crash", f"host memory use {rss:.0f} MB exceeded the "
+                                               f"{memory_limit_mb:.0f} MB limit during the {stage} stage", mark, stage)
+                continue
+            if msg.get("type") == "stage":
+                stage = str(msg.get("stage"))
+                stage_started = time.monotonic()
+                continue
+            if msg.get("type") == "result" and msg.get("job_id") == job["job_id"]:
+                msg["log_tail"] = self.drain.text_since(mark)
+                if msg.get("restart"):
+                    self.kill()
+                return msg
+
+    def _fail(self, status: str, error: str, mark: int, stage: str) -> dict[str, Any]:
+        log = self.drain.text_since(mark) if self.drain else ""
+        self.kill()
+        return {"type": "result", "status": status, "error": error, "log_tail": log, "failed_stage": stage,
+                "flags": [], "stage_seconds": {}, "restart": True}

@@ -1,0 +1,154 @@
+"""The built-in problem set: every problem runs, quickly, with a sane output; every solution matches.
+
+Solutions are run through the Triton interpreter on CPU, so TRITON_INTERPRET must be set before
+triton is imported anywhere in this module (triton.jit reads it when a kernel is decorated).
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib.util  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+BUILTIN = Path(__file__).resolve().parents[1] / "problems" / "builtin"
+LEVEL_DIRS = sorted(p for p in BUILTIN.glob("level*") if p.is_dir())
+PROBLEM_FILES = sorted(f for d in LEVEL_DIRS for f in d.glob("*.py"))
+SOLUTION_FILES = sorted((BUILTIN / "solutions").glob("level*/*.py"))
+MIN_PER_LEVEL = {"level1": 6, "level2": 4, "level3": 3}
+ALLOWED_IMPORTS = {"torch", "torch.nn", "torch.nn.functional"}
+NAME_RE = re.compile(r"^([1-9][0-9]*)_[A-Za-z0-9_]+\.py$")
+FORWARD_LIMIT_S = 1.0
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(BUILTIN).as_posix()
+
+
+def _load(path: Path):
+    """Import a file under a unique module name (no sys.modules clash between same-named files)."""
+    mod_name = "_kb_builtin_" + re.sub(r"\W", "_", _rel(path))
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
+
+
+def _as_list(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def test_layout():
+    assert [d.name for d in LEVEL_DIRS] == ["level1", "level2", "level3"]
+    for level_dir in LEVEL_DIRS:
+        files = sorted(level_dir.glob("*.py"))
+        assert len(files) >= MIN_PER_LEVEL[level_dir.name], level_dir.name
+        ids = []
+        for f in files:
+            m = NAME_RE.match(f.name)
+            assert m, f"bad problem file name: {_rel(f)}"
+            ids.append(int(m.group(1)))
+        assert sorted(ids) == list(range(1, len(ids) + 1)), f"{level_dir.name}: ids {sorted(ids)}"
+    for sol in SOLUTION_FILES:
+        assert (BUILTIN / sol.parent.name / sol.name).is_file(), f"solution without problem: {_rel(sol)}"
+    per_level = {d: sum(1 for s in SOLUTION_FILES if s.parent.name == d) for d in ("level1", "level2")}
+    assert per_level["level1"] >= 3 and per_level["level2"] >= 1, per_level
+
+
+@pytest.mark.parametrize("path", PROBLEM_FILES, ids=_rel)
+def test_problem_imports_only_torch(path):
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names = {node.module or ""}
+        else:
+            continue
+        assert names <= ALLOWED_IMPORTS, f"{_rel(path)} imports {names - ALLOWED_IMPORTS}"
+    model_cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"]
+    assert model_cls and ast.get_docstring(model_cls[0]), "Model needs a docstring"
+
+
+@pytest.mark.parametrize("path", PROBLEM_FILES, ids=_rel)
+def test_problem_runs(path):
+    mod = _load(path)
+    torch.manual_seed(0)
+    model = mod.Model(*mod.get_init_inputs())
+    inputs = mod.get_inputs()
+    assert isinstance(inputs, list) and inputs
+    originals = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    with torch.no_grad():
+        model(*inputs)  # warm-up (first-call allocations, lazy init)
+        start = time.perf_counter()
+        out = model(*inputs)
+        elapsed = time.perf_counter() - start
+    assert elapsed < FORWARD_LIMIT_S, f"{_rel(path)}: forward took {elapsed:.3f}s"
+    for o in _as_list(out):
+        assert isinstance(o, torch.Tensor)
+        assert o.dtype == torch.float32
+        assert torch.isfinite(o).all(), f"{_rel(path)}: non-finite output"
+        assert o.abs().mean().item() > 1e-2, f"{_rel(path)}: output is degenerate (near zero)"
+        assert o.std().item() > 1e-3, f"{_rel(path)}: output is (nearly) constant"
+    for before, after in zip(originals, inputs, strict=True):
+        if isinstance(before, torch.Tensor):
+            assert torch.equal(before, after), f"{_rel(path)}: forward mutated its input"
+    # Deterministic given the seed.
+    torch.manual_seed(0)
+    model2 = mod.Model(*mod.get_init_inputs())
+    with torch.no_grad():
+        out2 = model2(*inputs)
+    for a, b in zip(_as_list(out), _as_list(out2), strict=True):
+        assert torch.equal(a, b), f"{_rel(path)}: not deterministic"
+
+
+def _tolerance(problem_src: str) -> float:
+    has_matmul = any(k in problem_src for k in ("nn.Linear", "@", "matmul", "Conv"))
+    return 1e-3 if has_matmul else 1e-4
+
+
+@pytest.mark.parametrize("path", SOLUTION_FILES, ids=_rel)
+def test_solution_matches_reference(path):
+    problem_path = BUILTIN / path.parent.name / path.name
+    ref_mod = _load(problem_path)
+    sol_mod = _load(path)
+    assert hasattr(sol_mod, "ModelNew")
+    init_args = ref_mod.get_init_inputs()
+    torch.manual_seed(1)
+    inputs = ref_mod.get_inputs()
+
+    torch.manual_seed(0)
+    ref = ref_mod.Model(*init_args)
+    torch.manual_seed(0)
+    new = sol_mod.ModelNew(*init_args)
+
+    ref_params = [p.shape for p in ref.parameters()]
+    new_params = [p.shape for p in new.parameters()]
+    assert ref_params == new_params, "ModelNew must create the same parameters in the same order"
+
+    with torch.no_grad():
+        out_ref = _as_list(ref(*[t.clone() for t in inputs]))
+        start = time.perf_counter()
+        out_new = _as_list(new(*[t.clone() for t in inputs]))
+        elapsed = time.perf_counter() - start
+    tol = _tolerance(problem_path.read_text())
+    assert len(out_ref) == len(out_new)
+    for r, n in zip(out_ref, out_new, strict=True):
+        assert n.shape == r.shape and n.dtype == r.dtype
+        err = (n - r).abs().max().item()
+        assert torch.allclose(n, r, atol=tol, rtol=tol), f"{_rel(path)}: max abs err {err:.3g}"
+    # Under the interpreter; generous, but catches a solution that would make the suite crawl.
+    assert elapsed < 5.0, f"{_rel(path)}: interpreted forward took {elapsed:.2f}s"
