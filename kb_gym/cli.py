@@ -92,6 +92,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(device=args.device, dataset=args.dataset)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from kb_gym.bench import format_report, run_bench
+
+    report = run_bench(dataset=args.dataset, device=args.device, out=args.out, repeats=args.repeats)
+    print(format_report(report))
+    return 0 if all(r["status"] == "correct" for r in report["self_check"] + report["fast"]) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kb-gym", description="kb_gym: KernelBench-style kernel environments "
                                      "and a trustworthy evaluator.")
@@ -126,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("bench", help="the evaluator's own measurements (needs the official problems and a GPU)")
+    _add_dataset(p, default="official")
+    _add_device(p)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the full report as JSON here")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file")
     p.add_argument("results", help="results JSONL file")

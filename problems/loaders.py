@@ -205,8 +205,15 @@ def _from_list(items: Sequence[Problem]) -> list[Problem]:
 
 
 def _check_unique(problems: list[Problem]) -> None:
+    # Unique (level, name) and unique (level, id): envs and the CLI select a problem by id within a
+    # level, so two problems sharing one would make that selection ambiguous.
     seen: dict[str, str] = {}
+    seen_ids: dict[tuple[int, int], Problem] = {}
     for p in problems:
         if p.key in seen:
             raise ProblemError(f"duplicate problem {p.key}: {seen[p.key]} and {p.source}")
         seen[p.key] = p.source
+        other = seen_ids.setdefault((p.level, p.id), p)
+        if other is not p:
+            raise ProblemError(f"duplicate problem id {p.id} at level {p.level}: {other.name} "
+                               f"({other.source}) and {p.name} ({p.source})")

@@ -47,8 +47,8 @@ class Comparison:
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    diff = (a.double() - b.double()).norm().item()
-    scale = b.double().norm().item()
+    diff = (a.float() - b.float()).norm().item()
+    scale = b.float().norm().item()
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
@@ -88,6 +88,9 @@ def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
     return worst
 
 
+CHUNK = 1 << 26  # elements per slice: bounds the temporary memory of comparing multi-GB outputs
+
+
 def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
                     trivial: list[torch.Tensor], label: str) -> Comparison:
     if c.numel() == 0:
@@ -97,23 +100,34 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         frac = 1.0 - equal.float().mean().item()
         return Comparison(bool(equal.all().item()), f"{label}: {frac:.2%} of integer values differ" if frac else "",
                           mismatch_fraction=frac)
-    cd, rd = c.detach().double(), r.detach().double()
-    close = _isclose(cd, rd, rtol=rtol, atol=atol, equal_nan=False)
-    nan_count = int(_isnan(cd).sum().item())
-    diff = (cd - rd).abs()
-    finite = _isfinite(diff)
-    max_abs = float(diff[finite].max().item()) if bool(finite.any().item()) else float("inf")
-    rel = diff / rd.abs().clamp_min(atol)
-    max_rel = float(rel[finite].max().item()) if bool(finite.any().item()) else float("inf")
-    frac = 1.0 - close.float().mean().item()
-    degenerate = any(t.shape == r.shape and bool(_isclose(t.detach().double(), rd, rtol=rtol, atol=atol).all())
-                     for t in trivial)
-    if frac > 0 or nan_count:
-        bad = (~close).nonzero()
-        first = tuple(bad[0].tolist()) if len(bad) else ()
-        where = (f"; first mismatch at index {first}: got {cd[first].item():.6g}, expected {rd[first].item():.6g}"
-                 if first else "")
-        nan_note = f"; {nan_count} NaN value(s)" if nan_count else ""
+    # Low precision is compared in fp32, fp32 in fp32, fp64 in fp64: exact enough, half the memory.
+    work = torch.float64 if r.dtype == torch.float64 else torch.float32
+    cf, rf = c.detach().reshape(-1), r.detach().reshape(-1)
+    bad = nans = 0
+    max_abs = max_rel = 0.0
+    first = -1
+    for lo in range(0, cf.numel(), CHUNK):
+        cd, rd = cf[lo:lo + CHUNK].to(work), rf[lo:lo + CHUNK].to(work)
+        close = _isclose(cd, rd, rtol=rtol, atol=atol, equal_nan=False)
+        n_bad = int((~close).sum().item())
+        nans += int(_isnan(cd).sum().item())
+        diff = (cd - rd).abs()
+        finite = _isfinite(diff)
+        if bool(finite.any().item()):
+            max_abs = max(max_abs, float(diff[finite].max().item()))
+            max_rel = max(max_rel, float((diff / rd.abs().clamp_min(atol))[finite].max().item()))
+        if n_bad and first < 0:
+            first = lo + int((~close).nonzero()[0, 0].item())
+        bad += n_bad
+        del cd, rd, close, diff, finite
+    frac = bad / cf.numel()
+    degenerate = any(t.shape == r.shape and bool(_isclose(t.detach().to(work), r.detach().to(work),
+                                                          rtol=rtol, atol=atol).all()) for t in trivial)
+    if bad or nans:
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(r.shape))) if first >= 0 else ()
+        where = (f"; first mismatch at index {index}: got {cf[first].item():.6g}, expected {rf[first].item():.6g}"
+                 if first >= 0 else "")
+        nan_note = f"; {nans} NaN value(s)" if nans else ""
         return Comparison(False, f"{label}: {frac:.2%} of values differ beyond atol={atol:g}, rtol={rtol:g}; "
                                  f"max abs error {max_abs:.3g}, max rel error {max_rel:.3g}{nan_note}{where}",
                           max_abs, max_rel, frac, degenerate)

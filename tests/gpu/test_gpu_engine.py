@@ -1,0 +1,226 @@
+"""Engine paths that exist only on a GPU: CUDA builds, streams, sticky errors, device memory.
+
+Run on the device machine by scripts/gpu_check.sh; skipped elsewhere (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+from kb_gym.problems import BUILTIN_DIR
+
+pytestmark = pytest.mark.gpu
+
+CUDA_RELU = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+src = r"""
+#include <torch/extension.h>
+__global__ void k(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = SCALE * fmaxf(x[i], 0.0f);
+}
+torch::Tensor run(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    k<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+ext = load_inline(name="shared_name_ext", cpp_sources="torch::Tensor run(torch::Tensor x);",
+                  cuda_sources=src.replace("SCALE", "SCALE_VALUE"), functions=["run"])
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+    def forward(self, x):
+        return ext.run(x.contiguous())
+'''
+
+ILLEGAL_ADDRESS = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def bad(x_ptr, n):
+    offs = tl.arange(0, 128) + 1_000_000_000_000
+    tl.store(x_ptr + offs, tl.zeros([128], dtype=tl.float32))
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        bad[(1,)](x, x.numel())
+        return x
+'''
+
+SIDE_STREAM = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def relu_k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=m), 0.0), mask=m)
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stream = torch.cuda.Stream()
+        self.pad = None
+    def forward(self, x):
+        y = torch.empty_like(x)
+        relu_k[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        torch.cuda.current_stream().synchronize()
+        with torch.cuda.stream(self.stream):   # busy work the caller's stream events do not see
+            a = torch.randn(4096, 4096, device=x.device)
+            for _ in range(20):
+                a = a @ a
+                a = a / a.norm()
+        return y
+'''
+
+HANG = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def spin(x_ptr, n):
+    i = 0
+    v = tl.load(x_ptr)
+    while v == v:   # never false for finite inputs
+        i += 1
+        v = tl.load(x_ptr) + i * 0.0
+    tl.store(x_ptr, v)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        spin[(1,)](x, x.numel())
+        return torch.relu(x)
+'''
+
+OOM = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        self.hog = [torch.empty(1 << 40, dtype=torch.uint8, device=x.device)]
+        return torch.relu(x)
+'''
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu") / "results.jsonl"
+    evaluator = Evaluator("cuda:0", results_path=path, trials=3, timing_max_reps=60, timing_max_seconds=5,
+                          load_timeout=240, correctness_timeout=30, timing_timeout=60)
+    yield evaluator
+    evaluator.close()
+
+
+@pytest.fixture(scope="module")
+def relu():
+    return get_problem(load_problems("builtin"), name="level1/1_ReLU")
+
+
+def _solution(problem):
+    return (BUILTIN_DIR / "solutions" / f"level{problem.level}" / f"{problem.name}.py").read_text()
+
+
+def test_triton_solutions_correct_on_gpu(ev):
+    problems = load_problems("builtin")
+    for path in sorted((BUILTIN_DIR / "solutions").glob("level*/*.py")):
+        problem = get_problem(problems, name=f"{path.parent.name}/{path.stem}")
+        r = ev.evaluate(problem, path.read_text())
+        assert r.status == "correct", (problem.key, r.error)
+        assert r.custom_kernel_launches and "no_custom_kernel" not in r.flags
+        assert r.speedup and r.speedup_ci and r.device == "cuda:0"
+        assert r.hardware["name"] and r.hardware["driver"]
+
+
+def test_reference_as_candidate_is_about_one(ev):
+    problems = load_problems("builtin")
+    for problem in problems[:6]:
+        r = ev.evaluate(problem, problem.code.replace("class Model(", "class ModelNew("))
+        assert r.status == "correct", (problem.key, r.error)
+        assert 0.8 < r.speedup < 1.25, (problem.key, r.speedup)
+        assert "no_custom_kernel" in r.flags
+
+
+def test_load_inline_builds_and_same_name_extensions_do_not_collide(ev, relu):
+    first = ev.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "1.0f"))
+    assert first.status == "correct", first.error
+    assert "cuda" in first.backend and first.custom_kernel_launches > 0
+    # Same extension name, different code: must build and load its own module, not reuse the first.
+    second = ev.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "2.0f"))
+    assert second.status == "incorrect", second.error
+    third = ev.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "1.0f"))
+    assert third.status == "correct", third.error
+
+
+def test_cuda_compile_error_is_compile_error_with_compiler_message(ev, relu):
+    broken = CUDA_RELU.replace("SCALE_VALUE", "1.0f").replace("fmaxf(x[i], 0.0f)", "fmaxf(x[i], undefined_symbol)")
+    r = ev.evaluate(relu, broken)
+    assert r.status == "compile_error"
+    assert "undefined_symbol" in r.feedback
+
+
+def test_illegal_address_is_runtime_error_and_worker_recovers(ev, relu):
+    r = ev.evaluate(relu, ILLEGAL_ADDRESS)
+    assert r.status in ("runtime_error", "crash"), (r.status, r.error)
+    after = ev.evaluate(relu, _solution(relu))
+    assert after.status == "correct", after.error
+
+
+def test_side_stream_work_is_flagged(ev, relu):
+    r = ev.evaluate(relu, SIDE_STREAM)
+    assert "side_stream" in r.flags, (r.status, r.flags, r.runtime_ms, r.error)
+
+
+def test_hanging_kernel_times_out_and_next_evaluation_works(ev, relu):
+    cfg = ev.config.replace(correctness_timeout=10)
+    r = ev.evaluate(relu, HANG, config=cfg)
+    assert r.status == "timeout", (r.status, r.error)
+    after = ev.evaluate(relu, _solution(relu))
+    assert after.status == "correct", after.error
+
+
+def test_device_oom_is_runtime_error_and_recovers(ev, relu):
+    r = ev.evaluate(relu, OOM)
+    assert r.status == "runtime_error" and "memory" in r.error.lower(), (r.status, r.error)
+    after = ev.evaluate(relu, _solution(relu))
+    assert after.status == "correct", after.error
+
+
+def test_gpu_memory_does_not_grow(ev, relu):
+    import torch
+
+    source = _solution(relu)
+    ev.evaluate(relu, source)
+    free_before, _ = torch.cuda.mem_get_info(0)
+    for _ in range(15):
+        assert ev.evaluate(relu, source).status == "correct"
+    free_after, _ = torch.cuda.mem_get_info(0)
+    assert free_before - free_after < 256 << 20, (free_before - free_after) / 2**20
+
+
+def test_compile_baseline(relu):
+    with Evaluator("cuda:0", EvalConfig(baseline="compile", trials=2, timing_max_reps=30),
+                   results_path=False) as ev:
+        r = ev.evaluate(relu, _solution(relu))
+    assert r.status == "correct", r.error
+    assert r.baseline == "compile" and r.ref_runtime_ms > 0
+
+
+def test_worker_runs_in_namespaces(ev, relu):
+    r = ev.evaluate(relu, _solution(relu))
+    assert r.worker["pid_namespace"] and r.worker["network_namespace"], r.worker
