@@ -12,3 +12,5 @@ __version__ = "0.1.0"
 
 __all__ = ["EvalConfig", "EvalResult", "Evaluator", "Problem", "ProblemError", "Status", "evaluate",
            "get_problem", "load_problems", "__version__"]
+from kb_gym.envs.registration import register_envs  # noqa: E402, I001
+register_envs()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
 
 from kb_gym import sandbox
+from kb_gym.store import cache_dir
 from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -84,10 +87,15 @@ class WorkerHandle:
                    PYTHONDONTWRITEBYTECODE="1")
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        cmd = [*sandbox.namespace_prefix(), sys.executable, "-m", "kb_gym.worker", "--device", self.device]
+        else:
+            env.pop("TRITON_INTERPRET", None)  # a caller's interpreter setting must not reach a GPU worker
+        env.setdefault("KB_GYM_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+        # -P and a neutral working directory: whatever folder the caller runs in (a clone's root
+        # holds a kb_gym/ source folder) must not shadow the installed package in the worker.
+        cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker", "--device", self.device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                     close_fds=True)
+                                     close_fds=True, cwd=tempfile.gettempdir())
         self.reader = MessageReader(self.proc.stdout.fileno())
         self.drain = _LogDrain(self.proc.stderr)
         self.drain.start()
@@ -113,6 +121,9 @@ class WorkerHandle:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        scratch = self.info.get("scratch")
+        if scratch and os.path.basename(scratch).startswith("kb_gym_worker_"):
+            shutil.rmtree(scratch, ignore_errors=True)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 if stream:

@@ -85,7 +85,7 @@ def _load_any(dataset: DatasetSpec, level: int | None) -> list[Problem]:
 
 def _from_path(path: Path, level: int | None) -> list[Problem]:
     if path.is_dir():
-        tables = sorted(p for p in path.iterdir() if re.fullmatch(r"level_?\d\.(jsonl|parquet)", p.name))
+        tables = sorted(p for p in path.iterdir() if re.fullmatch(r"level_?[1-3]\.(jsonl|parquet)", p.name))
         if tables:
             return [p for table in tables for p in _from_table(table)]
         return _from_folder(path, level)
@@ -166,7 +166,9 @@ def _rows_to_problems(rows: Iterable[dict], where: str) -> list[Problem]:
 
 
 def _from_folder(folder: Path, level: int | None) -> list[Problem]:
-    level_dirs = sorted(d for d in folder.iterdir() if d.is_dir() and re.fullmatch(r"level\d", d.name))
+    # Levels 1-3 only, as everywhere else: a KernelBench checkout also has level4/ (Hugging Face
+    # models, other dependencies), which is not part of the benchmark these envs serve.
+    level_dirs = sorted(d for d in folder.iterdir() if d.is_dir() and re.fullmatch(r"level[1-3]", d.name))
     if level_dirs:
         return [p for d in level_dirs
                 if level is None or int(d.name[-1]) == level

@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kb_gym.rewards.registry import RewardFn, finite, get_reward
-
 from kb_gym.result import EvalResult
+from kb_gym.rewards.registry import RewardFn, finite, get_reward
 
 MODES = ("per_step", "improvement")
 

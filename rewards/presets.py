@@ -18,9 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb_gym.rewards.registry import finite, register_reward
-
 from kb_gym.result import EvalResult, Status
+from kb_gym.rewards.registry import finite, register_reward
 
 DEFAULT_PENALISED_FLAGS: frozenset[str] = frozenset(
     {

@@ -117,6 +117,13 @@ def test_folder_with_level_subfolders(tmp_path):
     assert [p.key for p in load_problems(tmp_path, level=2)] == ["level2/1_C"]
 
 
+def test_kernelbench_checkout_layout_ignores_level4(tmp_path):
+    for lvl in (1, 2, 3, 4):
+        write_problem(tmp_path / f"level{lvl}", "1_A")
+    (tmp_path / "__pycache__").mkdir()
+    assert [p.key for p in load_problems(tmp_path)] == ["level1/1_A", "level2/1_A", "level3/1_A"]
+
+
 # --- Hugging Face schema: jsonl, parquet, folder of level_N.jsonl ------------------------------
 
 def test_jsonl_file(tmp_path):

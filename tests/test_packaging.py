@@ -26,6 +26,8 @@ from kb_gym.problems import load_problems
 print(kb_gym.__file__)
 print(kb_gym.rewards.__file__)
 print(len(load_problems("builtin")))
+import gymnasium, torch
+print(torch.__file__)
 """
 
 
@@ -47,8 +49,9 @@ def _copy_source(dest: Path) -> Path:
 def test_wheel_installs_and_works(tmp_path):
     src = _copy_source(tmp_path / "src")
     dist = tmp_path / "dist"
-    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
-                           cwd=src, capture_output=True, text=True, timeout=300, env=_clean_env())
+    # --skip-dependency-check: setuptools>=70.1 builds wheels itself; the project venv need not hold `wheel`.
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                            "--outdir", str(dist)], cwd=src, capture_output=True, text=True, timeout=300, env=_clean_env())
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     wheels = list(dist.glob("kb_gym-*.whl"))
     assert len(wheels) == 1, wheels
@@ -82,11 +85,12 @@ def test_wheel_installs_and_works(tmp_path):
     run = subprocess.run([str(python), "-c", CHECK_SCRIPT], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, env={**_clean_env(), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    kb_file, rewards_file, count = run.stdout.strip().splitlines()[-3:]
+    kb_file, rewards_file, count, torch_file = run.stdout.strip().splitlines()[-4:]
     assert Path(kb_file).resolve().is_relative_to(site.resolve()), kb_file
     assert Path(rewards_file).resolve() == (site / "kb_gym" / "rewards" / "__init__.py").resolve()
     assert not Path(kb_file).resolve().is_relative_to(REPO)
     assert count == "18"
+    assert Path(torch_file).resolve().is_relative_to(Path(sysconfig.get_paths()["purelib"]).resolve())
 
 
 def test_editable_install_maps_the_folders():

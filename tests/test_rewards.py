@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from kb_gym.result import EvalResult, Status
 from kb_gym.rewards import (
     DEFAULT_PENALISED_FLAGS,
     REWARDS,
@@ -20,8 +22,6 @@ from kb_gym.rewards import (
     register_reward,
     shape_multi_turn,
 )
-
-from kb_gym.result import EvalResult, Status
 
 SPEEDUPS = [1e-9, 0.01, 0.1, 0.25, 0.5, 0.7, 0.99, 1.0, 1.01, 1.5, 2.0, 3.0, 4.0, 7.9, 8.0, 16.0, 1e3, 1e9]
 WEIRD_SPEEDUPS = [None, math.nan, math.inf, -math.inf, 0.0, -1.0, -0.0, 1e308, 5e-324]

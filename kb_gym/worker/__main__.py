@@ -61,8 +61,8 @@ def main() -> None:
         torch.cuda.set_device(torch.device(args.device))
     scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
     ctx = WorkerContext(args.device, scratch, send)
-    send({"type": "ready", "pid": os.getpid(), "startup_seconds": time.perf_counter() - started,
-          "hardware": fingerprint(args.device)})
+    send({"type": "ready", "pid": os.getpid(), "scratch": str(scratch),
+          "startup_seconds": time.perf_counter() - started, "hardware": fingerprint(args.device)})
     reader = MessageReader(proto_in)
     while True:
         try:

@@ -7,6 +7,7 @@ on (comparison, clocks, synchronisation) is bound at import time, before the fir
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -45,6 +46,7 @@ class WorkerContext:
     def __init__(self, device: str, scratch_root: Path, send: Callable[[dict], None]) -> None:
         self.device = torch.device(device)
         self.scratch_root = scratch_root
+        self.extensions_root = Path(os.environ.get("KB_GYM_EXTENSIONS_DIR") or scratch_root / "torch_extensions")
         self.send = send
         self.counter = LaunchCounter()
         self.counter.install()
@@ -155,7 +157,10 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     job_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(job_dir)
     os.environ["TMPDIR"] = str(job_dir)
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(job_dir / "torch_extensions")
+    # Extensions build in a folder named by the candidate's source hash: two candidates that reuse
+    # one extension name never share a build, and re-evaluating the same source skips nvcc.
+    source_hash = hashlib.sha256((job.get("source") or "").encode(errors="replace")).hexdigest()[:16]
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(ctx.extensions_root / source_hash)
     import tempfile
 
     tempfile.tempdir = str(job_dir)
