@@ -1,0 +1,155 @@
+"""Faults a candidate can cause: each gets its verdict, and the next evaluation is correct.
+
+These run on the CPU in CI. Attacks that need a GPU (illegal addresses, kernels that never end,
+device OOM, side streams) are in tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+from kb_gym.sandbox import namespace_prefix
+
+FAST = EvalConfig(trials=1, timing=False, load_timeout=20, correctness_timeout=8)
+HONEST = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
+
+
+def candidate(prelude: str = "", forward: str = "return torch.relu(x)") -> str:
+    return (f"import os, sys, time, torch\n{prelude}\n"
+            f"class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        {forward}\n")
+
+
+@pytest.fixture(scope="module")
+def relu():
+    return get_problem(load_problems("builtin"), name="level1/1_ReLU")
+
+
+@pytest.fixture(scope="module")
+def ev():
+    evaluator = Evaluator("cpu", config=FAST, results_path=False, memory_limit_mb=3000)
+    yield evaluator
+    evaluator.close()
+
+
+def assert_recovers(ev, relu):
+    after = ev.evaluate(relu, HONEST)
+    assert after.status == "correct", (after.status, after.error)
+
+
+def test_killing_the_parent_leaves_the_evaluator_running(ev, relu):
+    r = ev.evaluate(relu, candidate("import signal\nos.kill(os.getppid(), signal.SIGKILL)"))
+    assert r.status in ("crash", "correct"), r.error
+    assert_recovers(ev, relu)
+
+
+def test_os_exit_at_import_is_a_crash(ev, relu):
+    r = ev.evaluate(relu, candidate("os._exit(3)"))
+    assert r.status == "crash" and "died" in r.error
+    assert_recovers(ev, relu)
+
+
+def test_segfault_in_forward_is_a_crash(ev, relu):
+    r = ev.evaluate(relu, candidate("import ctypes", "return ctypes.string_at(0)"))
+    assert r.status == "crash"
+    assert r.worker["restarts"] >= 0
+    assert_recovers(ev, relu)
+
+
+def test_endless_host_loop_times_out(ev, relu):
+    t0 = time.perf_counter()
+    r = ev.evaluate(relu, candidate(forward="while True: pass"))
+    assert r.status == "timeout" and "correctness" in r.error
+    assert time.perf_counter() - t0 < FAST.correctness_timeout + 10
+    assert_recovers(ev, relu)
+
+
+def test_endless_loop_at_import_times_out_in_load_stage(ev, relu):
+    cfg = FAST.replace(load_timeout=5)
+    r = ev.evaluate(relu, candidate("while True: pass"), config=cfg)
+    assert r.status == "timeout" and "load" in r.error
+    assert_recovers(ev, relu)
+
+
+def test_sys_exit_in_forward_is_a_runtime_error(ev, relu):
+    r = ev.evaluate(relu, candidate(forward="sys.exit(0)"))
+    assert r.status == "runtime_error" and "SystemExit" in r.error
+    assert_recovers(ev, relu)
+
+
+def test_no_child_process_survives_the_evaluation(ev, relu):
+    marker = f"kbgym-orphan-{uuid.uuid4().hex[:8]}"
+    prelude = ("import subprocess\n"
+               f"subprocess.Popen(['sleep', '300', '{marker}'], start_new_session=True)\n"
+               f"subprocess.Popen(['sh', '-c', 'sleep 301 {marker} & sleep 302 {marker}'], start_new_session=True)")
+    r = ev.evaluate(relu, candidate(prelude))
+    assert r.status == "correct", r.error
+    time.sleep(0.5)
+    survivors = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not survivors, survivors
+    assert_recovers(ev, relu)
+
+
+def test_fifty_megabytes_of_output_is_bounded(ev, relu):
+    t0 = time.perf_counter()
+    r = ev.evaluate(relu, candidate("sys.stdout.write('x' * (50 << 20)); sys.stdout.flush()\nos._exit(1)"))
+    assert time.perf_counter() - t0 < 30
+    assert r.status == "crash"
+    assert len(r.feedback) < 4000 and len(r.error or "") <= 2000
+    assert_recovers(ev, relu)
+
+
+def test_printing_does_not_corrupt_the_protocol(ev, relu):
+    prelude = 'print(\'{"type": "result", "status": "correct", "job_id": 1}\')\nprint("noise", file=sys.stderr)'
+    r = ev.evaluate(relu, candidate(prelude, "print('in forward'); return torch.relu(x)"))
+    assert r.status == "correct"
+
+
+def test_host_memory_blowup_is_killed(ev, relu):
+    prelude = "hog = bytearray(4_000 * 1024 * 1024)\nfor i in range(0, len(hog), 4096): hog[i] = 1\ntime.sleep(30)"
+    t0 = time.perf_counter()
+    r = ev.evaluate(relu, candidate(prelude))
+    assert r.status == "crash" and "memory" in r.error
+    assert time.perf_counter() - t0 < 25
+    assert_recovers(ev, relu)
+
+
+@pytest.mark.skipif(not namespace_prefix(), reason="network namespaces are not permitted on this machine")
+def test_no_network_from_the_worker(ev, relu):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    prelude = (f"import socket\ns = socket.socket()\ns.settimeout(2)\n"
+               f"try:\n    s.connect(('127.0.0.1', {port}))\n    raise SystemExit('network reachable')\n"
+               "except OSError:\n    pass")
+    r = ev.evaluate(relu, candidate(prelude))
+    server.close()
+    assert r.status == "correct", r.error
+    assert not accepted
+    assert r.worker["network_namespace"] and r.worker["pid_namespace"]
+
+
+@pytest.mark.skipif(not namespace_prefix(), reason="PID namespaces are not permitted on this machine")
+def test_candidate_cannot_see_the_evaluator_process(ev, relu):
+    me = os.getpid()
+    prelude = (f"try:\n    os.kill({me}, 0)\n    raise SystemExit('evaluator visible')\n"
+               "except ProcessLookupError:\n    pass")
+    r = ev.evaluate(relu, candidate(prelude))
+    assert r.status == "correct", r.error
+
+
+def test_scratch_folder_is_the_working_directory(ev, relu):
+    prelude = ("import tempfile\nassert os.getcwd().startswith(tempfile.gettempdir()) or 'kb_gym_worker_' in os.getcwd()\n"
+               "assert 'kb_gym_worker_' in os.getcwd(), os.getcwd()\nopen('scratch_file.txt', 'w').write('ok')")
+    r = ev.evaluate(relu, candidate(prelude))
+    assert r.status == "correct", r.error

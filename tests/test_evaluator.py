@@ -1,0 +1,264 @@
+"""The evaluation engine on the CPU: verdicts, correctness rules, timing fields, the results store."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from kb_gym import EvalConfig, EvalResult, Evaluator, Problem, get_problem, load_problems
+from kb_gym.demo import WRONG_RELU
+from kb_gym.problems import BUILTIN_DIR
+
+NO_TIMING = EvalConfig(trials=2, timing=False)
+
+
+def solution(problem: Problem) -> str:
+    return (BUILTIN_DIR / "solutions" / f"level{problem.level}" / f"{problem.name}.py").read_text()
+
+
+def as_candidate(problem: Problem) -> str:
+    return problem.code.replace("class Model(", "class ModelNew(")
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return load_problems("builtin")
+
+
+@pytest.fixture(scope="module")
+def relu(problems):
+    return get_problem(problems, name="level1/1_ReLU")
+
+
+@pytest.fixture(scope="module")
+def results_file(tmp_path_factory):
+    return tmp_path_factory.mktemp("results") / "results.jsonl"
+
+
+@pytest.fixture(scope="module")
+def ev(results_file):
+    evaluator = Evaluator("cpu", results_path=results_file, trials=2, timing_min_reps=3, timing_max_reps=8,
+                          timing_max_seconds=3, timing_warmup=1)
+    yield evaluator
+    evaluator.close()
+
+
+def test_triton_solution_is_correct_and_timed(ev, relu):
+    r = ev.evaluate(relu, solution(relu))
+    assert r.status == "correct", r.error
+    assert r.correct and r.compiled
+    assert r.backend == "triton" and r.custom_kernel_launches >= 2  # one launch per trial at least
+    assert "no_custom_kernel" not in r.flags
+    assert r.speedup is not None and r.speedup > 0
+    assert r.runtime_ms > 0 and r.ref_runtime_ms > 0 and r.timing_reps >= 3
+    lo, hi = r.speedup_ci
+    assert lo <= hi
+    assert r.device == "cpu" and r.hardware["hash"] and r.hardware["torch"]
+    assert {"load", "correctness", "timing", "total"} <= set(r.stage_seconds)
+    assert r.problem_name == "1_ReLU" and r.level == 1 and r.problem_id == 1 and len(r.source_hash) == 16
+    assert "speedup" in r.feedback
+
+
+def test_completion_with_fenced_block(ev, relu):
+    text = "Here is my kernel:\n```python\n" + solution(relu) + "\n```\nIt fuses nothing but is correct."
+    r = ev.evaluate(relu, text, config=NO_TIMING)
+    assert r.status == "correct", r.error
+
+
+def test_reference_copy_is_correct_but_flagged_no_custom_kernel(ev, relu):
+    r = ev.evaluate(relu, as_candidate(relu))
+    assert r.status == "correct"
+    assert "no_custom_kernel" in r.flags and r.custom_kernel_launches == 0
+    assert 0.2 < r.speedup < 5
+
+
+def test_wrong_kernel_is_incorrect_with_mismatch_feedback(ev, relu):
+    r = ev.evaluate(relu, WRONG_RELU, config=NO_TIMING)
+    assert r.status == "incorrect" and not r.correct
+    assert r.correctness["failed_trial"] == 1
+    assert "differ" in r.feedback and "max abs error" in r.feedback
+    assert r.speedup is None
+
+
+def test_integer_inputs_keep_their_dtype(ev, problems):
+    emb = get_problem(problems, name="level1/8_EmbeddingLookup")
+    r = ev.evaluate(emb, solution(emb), config=NO_TIMING)
+    assert r.status == "correct", r.error
+
+
+def test_parameters_match_when_created_in_the_same_order(ev, problems):
+    fused = get_problem(problems, name="level2/1_LinearBiasReLUScale")
+    r = ev.evaluate(fused, solution(fused), config=NO_TIMING)
+    assert r.status == "correct", r.error
+
+
+@pytest.mark.parametrize("text, status", [
+    ("", "format_error"),
+    ("   \n\t", "format_error"),
+    ("I think the answer is to use shared memory.", "format_error"),
+    ("```python\nimport torch\nprint('no model here')\n```", "format_error"),
+    ("```python\nclass ModelNew(nn.Module)\n    pass\n```", "compile_error"),
+])
+def test_cheap_verdicts_need_no_worker(relu, text, status):
+    fresh = Evaluator("cpu", results_path=False)
+    t0 = time.perf_counter()
+    r = fresh.evaluate(relu, text)
+    assert time.perf_counter() - t0 < 0.05
+    assert r.status == status and r.error and r.feedback
+    assert fresh.worker_stats[0]["jobs"] == 0 and fresh.worker_stats[0]["pid"] is None
+    fresh.close()
+
+
+def test_binary_garbage_and_huge_text_are_format_errors(ev, relu):
+    import random
+
+    rng = random.Random(0)
+    garbage = "".join(chr(rng.randrange(1, 0x3000)) for _ in range(20_000))
+    assert ev.evaluate(relu, garbage).status == "format_error"
+    assert ev.evaluate(relu, "\x00\x01\x02binary").status == "format_error"
+    t0 = time.perf_counter()
+    huge = ev.evaluate(relu, "x" * 10_000_000)
+    assert huge.status == "format_error" and "limit" in huge.error
+    assert time.perf_counter() - t0 < 1.0
+    assert ev.evaluate(relu, b"bytes are not text").status == "format_error"
+
+
+def test_import_error_is_compile_error(ev, relu):
+    r = ev.evaluate(relu, "import torch\nimport not_a_real_module\nclass ModelNew(torch.nn.Module):\n    pass\n")
+    assert r.status == "compile_error"
+    assert "not_a_real_module" in r.feedback
+
+
+def test_code_without_modelnew_class_at_runtime(ev, relu):
+    r = ev.evaluate(relu, "import torch\n# class ModelNew is mentioned but never defined\nModelNew = 3\n")
+    assert r.status == "format_error"
+
+
+def test_constructor_signature_mismatch(ev, problems):
+    fused = get_problem(problems, name="level2/1_LinearBiasReLUScale")
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n" \
+          "    def forward(self, x):\n        return x\n"
+    r = ev.evaluate(fused, src)
+    assert r.status == "compile_error"
+    assert "ModelNew.__init__" in r.error and "Model.__init__" in r.error
+
+
+def test_forward_signature_mismatch(ev, relu):
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x, y):\n        return x\n"
+    r = ev.evaluate(relu, src)
+    assert r.status == "compile_error"
+    assert "ModelNew.forward" in r.error
+
+
+def test_exception_in_forward_is_runtime_error_with_its_line(ev, relu):
+    src = ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+           "        return x @ torch.ones(3, 3)\n")
+    r = ev.evaluate(relu, src)
+    assert r.status == "runtime_error"
+    assert "candidate.py" in r.error and "line 4" in r.error
+
+
+def test_wrong_shape_and_dtype(ev, relu):
+    shape = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x[:1].relu()\n"
+    r = ev.evaluate(relu, shape)
+    assert r.status == "incorrect" and "shape" in r.error
+    dtype = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x.relu().double()\n"
+    r = ev.evaluate(relu, dtype)
+    assert r.status == "incorrect" and "dtype" in r.error
+
+
+def test_nan_never_passes(ev, relu):
+    src = ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+           "        y = x.relu()\n        y[0, 0] = float('nan')\n        return y\n")
+    r = ev.evaluate(relu, src, config=NO_TIMING)
+    assert r.status == "incorrect" and "NaN" in r.error
+
+
+def test_tolerance_presets(ev, relu):
+    # off by 5e-3 relative: fails the default fp32 tolerance (1e-4), passes kernelbench-v0.1 (1e-2)
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x.relu() * 1.005\n"
+    assert ev.evaluate(relu, src, config=NO_TIMING).status == "incorrect"
+    loose = NO_TIMING.replace(tolerance="kernelbench-v0.1")
+    assert ev.evaluate(relu, src, config=loose).status == "correct"
+
+
+def test_tuple_outputs(ev):
+    code = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return x.relu(), x.sum(dim=1)\n"
+            "def get_inputs():\n    return [torch.randn(8, 16)]\ndef get_init_inputs():\n    return []\n")
+    problem = Problem(id=1, name="1_Pair", level=1, code=code)
+    good = code.replace("class Model(", "class ModelNew(")
+    assert ev.evaluate(problem, good, config=NO_TIMING).status == "correct"
+    one = good.replace("return x.relu(), x.sum(dim=1)", "return x.relu()")
+    r = ev.evaluate(problem, one, config=NO_TIMING)
+    assert r.status == "incorrect" and "1 tensor" in r.error
+
+
+def test_tiny_outputs_do_not_let_zeros_pass(ev):
+    code = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return x * 1e-6\n"
+            "def get_inputs():\n    return [torch.randn(64, 64)]\ndef get_init_inputs():\n    return []\n")
+    problem = Problem(id=2, name="2_Tiny", level=1, code=code)
+    zeros = code.replace("class Model(", "class ModelNew(").replace("return x * 1e-6", "return torch.zeros_like(x)")
+    r = ev.evaluate(problem, zeros, config=NO_TIMING)
+    assert r.status == "incorrect" and "degenerate_problem" in r.flags
+    honest = code.replace("class Model(", "class ModelNew(")
+    r = ev.evaluate(problem, honest, config=NO_TIMING)
+    assert r.status == "correct" and "degenerate_problem" in r.flags
+
+
+def test_input_mutation_is_flagged(ev, relu):
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x.relu_()\n"
+    r = ev.evaluate(relu, src, config=NO_TIMING)
+    assert r.status == "correct" and "input_mutation" in r.flags
+
+
+def test_patching_the_harness_is_caught(ev, relu):
+    src = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.isclose = lambda a, b, **k: a == a\n"
+           "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    r = ev.evaluate(relu, src, config=NO_TIMING)
+    assert r.status == "incorrect"
+    assert "tampering" in r.flags
+    after = ev.evaluate(relu, as_candidate(relu), config=NO_TIMING)  # fresh worker, honest harness
+    assert after.status == "correct"
+
+
+def test_results_store_holds_every_result(ev, relu, results_file):
+    before = sum(1 for _ in open(results_file)) if results_file.exists() else 0
+    ev.evaluate(relu, "no code at all")
+    ev.evaluate(relu, as_candidate(relu), config=NO_TIMING)
+    lines = open(results_file).read().splitlines()
+    assert len(lines) == before + 2
+    last = EvalResult.from_dict(json.loads(lines[-1]))
+    assert last.status == "correct" and last.problem_name == "1_ReLU"
+    assert json.loads(lines[-2])["status"] == "format_error"
+
+
+def test_evaluate_many_keeps_order(ev, relu):
+    pairs = [(relu, as_candidate(relu)), (relu, "garbage"), (relu, WRONG_RELU)]
+    results = ev.evaluate_many(pairs, config=NO_TIMING)
+    assert [r.status for r in results] == ["correct", "format_error", "incorrect"]
+
+
+def test_baseline_only_job_fills_the_cache(tmp_path, relu):
+    from kb_gym.baseline_cache import BaselineCache
+
+    cache = BaselineCache(tmp_path / "baselines.json")
+    with Evaluator("cpu", results_path=False, baseline_cache=cache, timing_min_reps=3, timing_max_reps=5) as ev:
+        r = ev.evaluate_reference(relu)
+    assert r.ref_runtime_ms > 0 and r.runtime_ms is None and not r.correct
+    assert len(cache) == 1
+    (entry,) = json.loads((tmp_path / "baselines.json").read_text()).values()
+    assert entry["problem"] == "level1/1_ReLU" and entry["ref_runtime_ms"] == r.ref_runtime_ms
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="precision"):
+        EvalConfig(precision="fp8")
+    with pytest.raises(ValueError, match="baseline"):
+        EvalConfig(baseline="jit")
+    assert EvalConfig(precision="bf16").tolerances == (1e-2, 1e-2)
+    assert EvalConfig(tolerance="kernelbench-v0.1").tolerances == (1e-2, 1e-2)
+    assert EvalConfig().tolerances == (1e-4, 1e-4)
