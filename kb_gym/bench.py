@@ -72,10 +72,28 @@ def run_bench(dataset: str = "official", device: str = "auto", out: str | None =
                             "min": min(speedups, default=None), "max": max(speedups, default=None),
                             "stdev": statistics.stdev(speedups) if len(speedups) > 1 else None,
                             "wall_s": walls, "median_wall_s": statistics.median(walls)}
+        report["small"] = _small_problem_walls(ev, repeats)
         report["workers"] = ev.worker_stats
     if out:
         Path(out).write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _small_problem_walls(ev: Evaluator, repeats: int) -> dict[str, Any]:
+    """Per-evaluation overhead on a tiny built-in problem: what an RL loop pays per sample."""
+    from kb_gym.problems import BUILTIN_DIR
+
+    problem = get_problem(load_problems("builtin"), name="level1/1_ReLU")
+    source = (BUILTIN_DIR / "solutions" / "level1" / "1_ReLU.py").read_text()
+    ev.evaluate(problem, source)  # Triton compiles this kernel once per worker
+    walls, stages = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        r = ev.evaluate(problem, source)
+        walls.append(time.perf_counter() - t0)
+        stages.append(r.stage_seconds)
+    return {"problem": problem.key, "status": r.status, "wall_s": walls, "median_wall_s": statistics.median(walls),
+            "stage_seconds": stages[-1]}
 
 
 def _progress(row: dict[str, Any]) -> None:
@@ -101,4 +119,9 @@ def format_report(report: dict[str, Any]) -> str:
                       + ", ".join(f"{s:.3f}" for s in rep["speedups"])
                       + f"; spread {rep['max'] - rep['min']:.3f}"
                       + f"; median wall {rep['median_wall_s']:.2f}s per evaluation"]
+    small = report.get("small")
+    if small:
+        stages = ", ".join(f"{k} {v:.3f}s" for k, v in small["stage_seconds"].items())
+        lines.append(f"warm worker, Triton candidate on {small['problem']}: median wall {small['median_wall_s']:.3f}s "
+                     f"per evaluation ({stages})")
     return "\n".join(lines)
