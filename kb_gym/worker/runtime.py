@@ -54,10 +54,51 @@ class WorkerContext:
         self.jobs_done = 0
         self.compiled_baselines: dict[str, Any] = {}
         self.originals = _harness_identity()
+        self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.idle_gpu_bytes = self._gpu_bytes()
+
+    def speed_of_light_ms(self, inputs: list[Any], outputs: Any, model: Any, flops: int | None) -> float | None:
+        """A time no correct kernel can beat on this device, with a 25% margin: every input and
+        parameter read once and every output written once at peak bandwidth, or the reference's
+        operation count at peak dense-matrix throughput, whichever is longer."""
+        if self.peak_bytes_per_s is None:
+            return None
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + flatten_outputs(outputs)
+        tensors += list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+        moved = sum(t.numel() * t.element_size() for t in tensors)
+        seconds = max(moved / self.peak_bytes_per_s, (flops or 0) / self.peak_flops)
+        return 0.75 * seconds * 1e3
 
     def _gpu_bytes(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
+
+# Dense tensor-core peaks (FLOP/s) by compute capability: the fastest arithmetic any kernel could
+# use, so the floor stays below every honest candidate. Unknown GPUs get the largest.
+_PEAK_FLOPS = {(8, 0): 312e12, (8, 6): 150e12, (8, 9): 360e12, (9, 0): 990e12, (10, 0): 2250e12}
+
+
+def _device_peaks(device: torch.device) -> tuple[float | None, float]:
+    """Measured copy bandwidth (bytes/s, read + write) and the tabled peak FLOP/s; None on the CPU,
+    where the interpreter makes any floor meaningless."""
+    if device.type != "cuda":
+        return None, 0.0
+    props = torch.cuda.get_device_properties(device)
+    flops = _PEAK_FLOPS.get((props.major, props.minor), max(_PEAK_FLOPS.values()))
+    src = torch.empty(256 << 20, dtype=torch.float32, device=device)  # 1 GiB: far beyond L2
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    # The best observed copy, plus 20%: a kernel may beat a plain copy a little, never by much.
+    return 2 * (1 << 30) / best * 1.2, flops
 
 
 def _harness_identity() -> dict[str, Any]:
@@ -252,7 +293,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         return
     ctx.send({"type": "stage", "stage": "timing"})
     t0 = time.perf_counter()
-    _timing(ctx, job, ref_mod, ref_model, cand_fn, seed, dtype, atol, rtol, result)
+    _timing(ctx, job, ref_mod, ref_model, cand_fn, seed, dtype, atol, rtol, result, state)
     stages["timing"] = time.perf_counter() - t0
 
 
@@ -266,11 +307,11 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     result["correctness"] = report
     degenerate = False
     launches = 0
-    first_inputs = None
+    ctx.counter.backends.clear()
+    last: tuple[list[Any], Any] | None = None
     for trial in range(trials):
         inputs = _make_inputs(ref_mod, seed + 1 + trial, device, dtype)
         if trial == 0:
-            first_inputs = inputs
             try:
                 inspect.signature(type(cand_fn).forward).bind(None, *inputs)
             except TypeError as exc:
@@ -299,28 +340,68 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             if "input_mutation" not in result["flags"]:
                 result["flags"].append("input_mutation")
         with torch.no_grad():
-            ref_out = ref_model(*_clone_inputs(inputs))
+            if trial == 0:
+                ref_out, flops = _counting_flops(ref_model, _clone_inputs(inputs))
+                state["floor_ms"] = ctx.speed_of_light_ms(inputs, ref_out, ref_model, flops)
+            else:
+                ref_out = ref_model(*_clone_inputs(inputs))
         trivial = _trivial_outputs(ref_out, inputs)
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
         degenerate |= cmp.degenerate
         report["max_abs_err"] = max(report["max_abs_err"], cmp.max_abs_err)
         report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
-        del cand_out, ref_out, pristine, cand_inputs
+        del cand_out, pristine, cand_inputs
+        last = None
         if not cmp.ok:
             report["failed_trial"] = trial + 1
             report["reason"] = cmp.reason
             result.update(status="incorrect", error=f"trial {trial + 1}/{trials}: {cmp.reason}")
             break
         report["passed"] += 1
+        last = (inputs, ref_out)
+        del ref_out
+    if last is not None:
+        _determinism_rerun(ctx, cand_fn, last, atol, rtol, result, state)
     if degenerate:
         result["flags"].append("degenerate_problem")
     result["custom_kernel_launches"] = launches
     result["backend"] = ",".join(sorted(ctx.counter.backends)) or "torch"
     if launches == 0:
         result["flags"].append("no_custom_kernel")
-    state["first_inputs"] = first_inputs
     if result.get("status") != "incorrect":
         result["correct"] = True
+
+
+def _determinism_rerun(ctx: WorkerContext, cand_fn: Any, last: tuple[list[Any], Any], atol: float, rtol: float,
+                       result: dict[str, Any], state: dict[str, Any]) -> None:
+    """Run the candidate again on the last trial's inputs: an answer that changes between two calls
+    on the same data depends on hidden state (a cache, a race, uninitialised memory)."""
+    inputs, ref_out = last
+    try:
+        with torch.no_grad():
+            again = cand_fn(*_clone_inputs(inputs))
+    except BaseException as exc:  # noqa: BLE001
+        raise StageError("runtime_error", "rerun on the same inputs: "
+                         + _trim_traceback(exc, state.get("candidate_file", "")),
+                         restart=_sticky_cuda_error(ctx.device)) from None
+    cmp = compare_outputs(again, ref_out, atol, rtol)
+    if not cmp.ok:
+        result["flags"].append("nondeterministic")
+        result.update(status="incorrect",
+                      error=f"a second run on the same inputs gave a different answer: {cmp.reason}")
+
+
+def _counting_flops(model: Any, inputs: list[Any]) -> tuple[Any, int | None]:
+    """The reference output and its floating-point operation count (None when not countable)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = model(*inputs)
+        return out, int(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - exotic ops: fall back to the memory floor alone
+        return model(*inputs), None
 
 
 def _trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
@@ -331,7 +412,8 @@ def _trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
 
 
 def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, cand_fn: Any,
-            seed: int, dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any]) -> None:
+            seed: int, dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any],
+            state: dict[str, Any]) -> None:
     cfg = job["config"]
     baseline_fn = ref_model
     if cfg["baseline"] == "compile":
@@ -372,6 +454,10 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     result.update(timing.summary())
     if timing.side_stream:
         result["flags"].append("side_stream")
+    floor = state.get("floor_ms")
+    if floor and result.get("runtime_ms") is not None and result["runtime_ms"] < floor:
+        result["flags"].append("excessive_speedup")
+        result["correctness"]["speed_of_light_ms"] = floor
     result["status"] = "correct"
 
 

@@ -224,3 +224,49 @@ def test_compile_baseline(relu):
 def test_worker_runs_in_namespaces(ev, relu):
     r = ev.evaluate(relu, _solution(relu))
     assert r.worker["pid_namespace"] and r.worker["network_namespace"], r.worker
+
+
+ALWAYS_ONES_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    """Reads a 1 GiB input; the answer happens not to depend on it (a shortcut's dream)."""
+    def forward(self, x):
+        return (x.abs().amax(dim=1) > -1.0).float()
+
+def get_inputs():
+    return [torch.rand(16384, 16384)]
+
+def get_init_inputs():
+    return []
+'''
+
+SHORTCUT = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def fill_ones(out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.full([BLOCK], 1.0, tl.float32), mask=offs < n)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.empty(x.shape[0], device=x.device)
+        fill_ones[(triton.cdiv(x.shape[0], 1024),)](out, x.shape[0], BLOCK=1024)
+        return out
+'''
+
+
+def test_faster_than_the_speed_of_light_is_flagged(ev):
+    from kb_gym import Problem
+
+    problem = Problem(id=1, name="1_AlwaysOnes", level=1, code=ALWAYS_ONES_PROBLEM)
+    r = ev.evaluate(problem, SHORTCUT)
+    assert r.status == "correct", r.error
+    assert "excessive_speedup" in r.flags, (r.runtime_ms, r.correctness)
+    honest = ev.evaluate(problem, ALWAYS_ONES_PROBLEM.replace("class Model(", "class ModelNew("))
+    assert "excessive_speedup" not in honest.flags

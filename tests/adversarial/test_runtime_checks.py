@@ -1,0 +1,108 @@
+"""Runtime integrity checks on the CPU: each adversarial candidate gets the verdict it must."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+
+CHECK = EvalConfig(trials=2, timing=False)
+TIMED = EvalConfig(trials=2, timing_min_reps=4, timing_max_reps=8, timing_warmup=1, timing_max_seconds=3)
+
+
+@pytest.fixture(scope="module")
+def relu():
+    return get_problem(load_problems("builtin"), name="level1/1_ReLU")
+
+
+@pytest.fixture(scope="module")
+def ev():
+    evaluator = Evaluator("cpu", results_path=False)
+    yield evaluator
+    evaluator.close()
+
+
+def test_answer_that_changes_on_a_rerun_is_nondeterministic(ev, relu):
+    src = '''
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+    def forward(self, x):
+        self.calls += 1
+        return torch.relu(x) if self.calls <= 2 else torch.relu(x) + 1e-2
+'''
+    r = ev.evaluate(relu, src, config=CHECK)
+    assert r.status == "incorrect" and "nondeterministic" in r.flags
+    assert "second run" in r.error
+
+
+def test_replaying_the_first_answer_fails_on_fresh_inputs(ev, relu):
+    src = '''
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+    def forward(self, x):
+        key = tuple(x.shape)
+        if key not in self.cache:
+            self.cache[key] = torch.relu(x)
+        return self.cache[key]
+'''
+    r = ev.evaluate(relu, src, config=CHECK)
+    assert r.status == "incorrect" and r.correctness["failed_trial"] == 2
+
+
+def test_replay_keyed_by_input_values_is_caught_while_timing(ev, relu):
+    # Passes correctness (fresh inputs each trial) but returns a stale answer on any input it has
+    # seen before with different data at the same address: caught by the timed-output check.
+    src = '''
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+        self.stale = None
+    def forward(self, x):
+        self.seen += 1
+        if self.seen > 4 and self.stale is not None and self.stale.shape == x.shape:
+            return self.stale
+        self.stale = torch.relu(x)
+        return self.stale
+'''
+    r = ev.evaluate(relu, src, config=TIMED)
+    assert r.status == "incorrect"
+    assert "timing_mismatch" in r.flags or "nondeterministic" in r.flags
+
+
+def test_pytorch_fallback_without_kernel_launch_is_flagged(ev, relu):
+    src = '''
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def never_called(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        try:
+            raise RuntimeError("pretend the kernel failed")
+        except RuntimeError:
+            return torch.relu(x)
+'''
+    r = ev.evaluate(relu, src, config=CHECK)
+    assert "no_custom_kernel" in r.flags and r.custom_kernel_launches == 0
+
+
+def test_backend_does_not_leak_between_candidates(ev, relu):
+    from kb_gym.problems import BUILTIN_DIR
+
+    triton_src = (BUILTIN_DIR / "solutions" / "level1" / "1_ReLU.py").read_text()
+    assert ev.evaluate(relu, triton_src, config=CHECK).backend == "triton"
+    plain = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
+    r = ev.evaluate(relu, plain, config=CHECK)
+    assert r.backend == "torch" and "no_custom_kernel" in r.flags
