@@ -100,6 +100,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(r["status"] == "correct" for r in report["self_check"] + report["fast"]) else 1
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from kb_gym.audit import format_audit, run_audit
+
+    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials)
+    print(format_audit(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kb-gym", description="kb_gym: KernelBench-style kernel environments "
                                      "and a trustworthy evaluator.")
@@ -141,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="write the full report as JSON here")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("audit", help="which problems trivial candidates (zeros, the input, a constant, "
+                                     "bf16) pass")
+    _add_dataset(p, default="official")
+    _add_device(p)
+    p.add_argument("--level", type=int, choices=(1, 2, 3))
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file")
     p.add_argument("results", help="results JSONL file")

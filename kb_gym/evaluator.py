@@ -146,7 +146,7 @@ class Evaluator:
         if progress:
             from tqdm.auto import tqdm
 
-            for _ in tqdm(_as_completed(futures), total=len(futures), desc="evaluating"):
+            for _ in tqdm(_as_completed(futures), total=len(futures), desc="evaluating", disable=None):
                 pass
         return [f.result() for f in futures]
 

@@ -1,0 +1,97 @@
+"""``kb-gym audit``: which problems a trivial candidate can pass.
+
+Four candidates that compute nothing useful (zeros, the first input, a constant, the reference run
+in bfloat16) are evaluated against every problem. A problem where one of them passes has outputs
+the tolerance cannot tell apart from a shortcut; the correctness check flags such problems
+``degenerate_problem`` and demands a relative error the zeros and the input cannot meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kb_gym.config import EvalConfig
+from kb_gym.evaluator import Evaluator
+from kb_gym.problems import Problem, load_problems
+
+_MAP = '''
+
+def _kb_map(out, fn):
+    if isinstance(out, (list, tuple)):
+        return type(out)(_kb_map(o, fn) for o in out)
+    return fn(out) if isinstance(out, torch.Tensor) else out
+'''
+
+TRIVIAL: dict[str, str] = {
+    "zeros": '''
+class ModelNew(Model):
+    def forward(self, *args):
+        return _kb_map(super().forward(*args), torch.zeros_like)
+''',
+    "first_input": '''
+class ModelNew(Model):
+    def forward(self, *args):
+        return args[0]
+''',
+    "constant": '''
+class ModelNew(Model):
+    def forward(self, *args):
+        return _kb_map(super().forward(*args),
+                       lambda t: torch.full_like(t, t.float().mean().item()) if t.is_floating_point() else t)
+''',
+    "bf16_reference": '''
+import copy
+
+
+class ModelNew(Model):
+    def forward(self, *args):
+        if "_low" not in self.__dict__:
+            self.__dict__["_low"] = copy.deepcopy(self).to(torch.bfloat16)
+        low = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        out = Model.forward(self.__dict__["_low"], *low)
+        return _kb_map(out, lambda t: t.float() if t.is_floating_point() else t)
+''',
+}
+
+
+def trivial_candidate(problem: Problem, kind: str) -> str:
+    return problem.code + "\nimport torch\n" + _MAP + TRIVIAL[kind]
+
+
+def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None = None, device: str = "auto",
+              trials: int = 3, kinds: Sequence[str] = tuple(TRIVIAL), progress: bool = True) -> list[dict[str, Any]]:
+    problems = load_problems(dataset, level=level)
+    cfg = EvalConfig(trials=trials, timing=False)
+    rows = []
+    with Evaluator(device, config=cfg, results_path=False) as ev:
+        pairs = [(p, trivial_candidate(p, k)) for p in problems for k in kinds]
+        results = ev.evaluate_many(pairs, progress=progress)
+    for i, problem in enumerate(problems):
+        row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {}}
+        for j, kind in enumerate(kinds):
+            r = results[i * len(kinds) + j]
+            row[kind] = r.status
+            if r.status == "correct":
+                row["passed_by"].append(kind)
+            elif r.status not in ("incorrect",):
+                row["errors"][kind] = (r.error or "")[:200]
+            row["degenerate"] |= "degenerate_problem" in r.flags
+        rows.append(row)
+    return rows
+
+
+def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:
+    width = max([len(r["problem"]) for r in rows] + [7])
+    lines = [f"{'problem':<{width}}  " + "  ".join(f"{k:<14}" for k in kinds) + "  degenerate"]
+    for r in rows:
+        lines.append(f"{r['problem']:<{width}}  " + "  ".join(f"{r.get(k, '-'):<14}" for k in kinds)
+                     + f"  {'yes' if r['degenerate'] else ''}")
+    flagged = [r for r in rows if r["passed_by"] or r["degenerate"]]
+    lines.append("")
+    lines.append(f"{len(rows)} problems; passed by a trivial candidate: "
+                 f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}")
+    for r in flagged:
+        lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
+                     f"{'; degenerate' if r['degenerate'] else ''}")
+    return "\n".join(lines)
