@@ -112,6 +112,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from kb_gym.soak import format_soak, run_soak
+
+    stats = run_soak(n=args.n, fault_rate=args.fault_rate, device=args.device, max_minutes=args.max_minutes,
+                     out=args.out)
+    print(format_soak(stats))
+    return 0 if stats["evaluator_exceptions"] == 0 and stats["lost_results"] == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kb-gym", description="kb_gym: KernelBench-style kernel environments "
                                      "and a trustworthy evaluator.")
@@ -162,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")
+    _add_device(p)
+    p.add_argument("-n", type=int, default=1000)
+    p.add_argument("--fault-rate", type=float, default=0.2)
+    p.add_argument("--max-minutes", type=float, default=60.0)
+    p.add_argument("--out", default=None, help="write the statistics as JSON here")
+    p.set_defaults(func=cmd_soak)
 
     p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file")
     p.add_argument("results", help="results JSONL file")
