@@ -122,6 +122,9 @@ class Evaluator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __deepcopy__(self, memo: dict) -> Evaluator:
+        return self  # one set of workers; copies of configs that hold an Evaluator share it
+
     def __del__(self) -> None:
         try:
             self.close()

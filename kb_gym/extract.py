@@ -61,10 +61,10 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
     for line in text.splitlines():
         stripped = line.strip()
         if fence is None:
-            at = min((i for i in (line.find("```"), line.find("~~~")) if i >= 0), default=-1)
-            if at >= 0:
-                fence = line[at:at + 3]
-                words = line[at + 3:].split()
+            # Markdown opens a fence only at the start of a line; prose that mentions ``` does not.
+            if stripped.startswith(("```", "~~~")):
+                fence = stripped[:3]
+                words = stripped[3:].split()
                 lang = words[0].lower() if words else ""
                 body = []
         elif stripped.startswith(fence):

@@ -124,13 +124,14 @@ COMMON_RULES: tuple[str, ...] = (
     "If `Model` has parameters or submodules (nn.Linear, nn.Conv2d, ...), create the same ones in "
     "the same order in `ModelNew.__init__`, so that seeded initialisation gives them the same "
     "values; your kernels may read their weights.",
-    "Do the computation in your own kernels ({language}). PyTorch may allocate outputs and "
+    "Do the computation in your own {language} kernels. PyTorch may allocate outputs and "
     "reshape tensors, but a `ModelNew` that calls PyTorch operators for the real work, or falls "
     "back to PyTorch when a kernel fails, earns no speed credit.",
     "Do not modify the inputs in place, cache results between calls, run work on other streams "
     "or threads, or touch the evaluation harness, its timers or its random seeds.",
     "Answer with the complete, self-contained program (imports, kernels, `ModelNew`) in a single "
-    "```python code block. `get_inputs`, `get_init_inputs`, tests and a main block are not needed.",
+    "Markdown code block fenced as python. `get_inputs`, "
+    "`get_init_inputs`, tests and a main block are not needed.",
 )
 
 
@@ -163,7 +164,7 @@ BACKENDS: dict[str, PromptBackend] = {
     ),
     "cuda": PromptBackend(
         name="cuda",
-        language="CUDA C++ through torch.utils.cpp_extension.load_inline",
+        language="CUDA",
         rules=(
             "Write the kernels in CUDA C++ and compile them at import time with "
             "`torch.utils.cpp_extension.load_inline` (declarations in `cpp_sources`, kernels and "
@@ -178,6 +179,9 @@ BACKENDS: dict[str, PromptBackend] = {
 """Every prompt backend, by name. Add one with :func:`register_backend`."""
 
 DEFAULT_BACKEND = "triton"
+# Said in words, not with backticks: a completion that echoes three backticks in its prose confuses
+# fence parsers that look for a fence anywhere in a line.
+_BLOCK = "python code block"
 
 
 def list_backends() -> list[str]:
@@ -239,9 +243,9 @@ def build_user_prompt(reference: str, feedback: str = "", backend: str | PromptB
     if feedback and feedback.strip():
         parts.append("Feedback on your previous attempt:\n\n" + feedback.strip())
         closing = ("Fix what the feedback reports, or make the kernel faster if it is already correct. "
-                   "Answer with the complete program defining `ModelNew` in a single ```python block.")
+                   f"Answer with the complete program defining `ModelNew` in a single {_BLOCK}.")
     else:
-        closing = "Write `ModelNew` for this reference. Answer with the complete program in a single ```python block."
+        closing = f"Write `ModelNew` for this reference. Answer with the complete program in a single {_BLOCK}."
     parts.append(closing)
     return "\n\n".join(parts)
 
