@@ -1,8 +1,9 @@
-"""``kb-gym demo``: known candidates (correct, wrong, broken, plain PyTorch) on built-in problems."""
+"""``kb-gym demo``: the environment driven by a scripted policy of known candidates on built-in problems."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kb_gym.problems import BUILTIN_DIR, Problem, get_problem, load_problems
 
@@ -47,49 +48,60 @@ def _torch_copy(problem: Problem) -> str:
     return problem.code.replace("class Model(", "class ModelNew(")
 
 
-def demo_cases(dataset: str = "builtin") -> list[tuple[Problem, str, str]]:
-    problems = load_problems(dataset)
-    relu = get_problem(problems, name="level1/1_ReLU")
-    softmax = get_problem(problems, name="level1/3_RowSoftmax")
-    fused = get_problem(problems, name="level2/1_LinearBiasReLUScale")
+# Scripted episodes: (problem, max_turns, [(label, source-maker), ...]). The first episode shows the
+# multi-turn loop: a syntax error, then a wrong kernel, then a correct one, each after feedback.
+def demo_episodes() -> list[tuple[str, int, list[tuple[str, Callable[[Problem], str]]]]]:
     return [
-        (relu, "Triton kernel (correct)", _solution(relu)),
-        (relu, "Triton kernel (wrong: leaky)", WRONG_RELU),
-        (relu, "syntax error", BROKEN),
-        (relu, "plain PyTorch copy", _torch_copy(relu)),
-        (softmax, "Triton kernel (correct)", _solution(softmax)),
-        (fused, "Triton fused epilogue", _solution(fused)),
+        ("level1/1_ReLU", 3, [("syntax error", lambda p: BROKEN), ("Triton, wrong (leaky)", lambda p: WRONG_RELU),
+                              ("Triton, correct", _solution)]),
+        ("level1/1_ReLU", 1, [("plain PyTorch copy", _torch_copy)]),
+        ("level1/3_RowSoftmax", 1, [("Triton, correct", _solution)]),
+        ("level2/1_LinearBiasReLUScale", 1, [("Triton fused epilogue", _solution)]),
     ]
 
 
 def run_demo(device: str = "auto", dataset: str = "builtin") -> int:
+    """Drive the Gymnasium environment with a scripted policy and print one row per step."""
+    import gymnasium as gym
     from rich.console import Console
     from rich.table import Table
 
+    import kb_gym  # noqa: F401 - registers the environments
     from kb_gym.evaluator import Evaluator
-    from kb_gym.rewards import get_reward
 
-    console = Console(width=120)
-    reward_fn = get_reward("default")
-    cases = demo_cases(dataset)
-    table = Table(title="kb_gym demo: built-in problems, known candidates")
-    for col in ("problem", "candidate", "status", "reward", "speedup", "flags", "seconds"):
+    console = Console(width=130)
+    table = Table(title="kb_gym demo: KernelBench-v0, scripted policy, built-in problems (reward mode: improvement)")
+    for col in ("ep", "problem", "turn", "action", "status", "reward", "speedup", "flags", "end", "s"):
         table.add_column(col)
+    problems = load_problems(dataset)
     with Evaluator(device, timing_max_reps=50, timing_max_seconds=5.0) as ev:
-        console.print(f"devices: {', '.join(ev.devices)}; starting worker...")
+        console.print(f"devices: {', '.join(ev.devices)}; starting the worker...")
         started = time.perf_counter()
         ev.warm()
         console.print(f"worker ready in {time.perf_counter() - started:.1f} s")
-        for problem, label, source in cases:
-            t0 = time.perf_counter()
-            result = ev.evaluate(problem, source)
-            reward, _ = reward_fn(result)
-            speed = f"{result.speedup:.3f}x" if result.speedup is not None else "-"
-            table.add_row(problem.key, label, result.status, f"{reward:+.2f}", speed,
-                          ", ".join(result.flags) or "-", f"{time.perf_counter() - t0:.2f}")
+        last_feedback = ""
+        for episode, (name, max_turns, script) in enumerate(demo_episodes(), 1):
+            env = gym.make("KernelBench-v0", dataset=problems, evaluator=ev, max_turns=max_turns)
+            obs, info = env.reset(seed=episode, options={"name": name})
+            problem = get_problem(problems, name=name)
+            for turn, (label, make_source) in enumerate(script, 1):
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, info = env.step(make_source(problem))
+                speed = f"{info['speedup']:.3f}x" if info.get("speedup") is not None else "-"
+                end = "terminated" if terminated else ("truncated" if truncated else "")
+                table.add_row(str(episode), name, str(turn), label, info["status"], f"{reward:+.2f}", speed,
+                              ", ".join(info.get("flags") or []) or "-", end, f"{time.perf_counter() - t0:.2f}")
+                if episode == 1 and turn == 2:
+                    last_feedback = obs["feedback"]
+                if terminated or truncated:
+                    break
+            env.close()
         if ev.store is not None:
             console.print(f"results appended to {ev.store.path}")
     console.print(table)
+    if last_feedback:
+        console.print("Feedback the policy saw after its wrong kernel (episode 1, turn 2):")
+        console.print(last_feedback, markup=False, highlight=False)
     if "cpu" in ev.devices:
         console.print("(CPU: Triton runs in its interpreter, so kernels are far slower than PyTorch here; "
                       "speedups mean something only on a GPU.)")
