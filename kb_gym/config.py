@@ -56,6 +56,9 @@ class EvalConfig:
             raise ValueError(f"tolerance must be one of {sorted(TOLERANCE_PRESETS)}, got {self.tolerance!r}")
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        from kb_gym.integrity import get_policy
+
+        get_policy(self.integrity)  # ValueError naming the known policies
         if self.trials < 1:
             raise ValueError("trials must be >= 1")
         if self.timing_min_reps < 3 or self.timing_max_reps < self.timing_min_reps:

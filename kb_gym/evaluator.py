@@ -22,6 +22,7 @@ from kb_gym.baseline_cache import BaselineCache, baseline_key
 from kb_gym.config import EvalConfig
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
+from kb_gym.integrity import get_policy, static_findings
 from kb_gym.problems import Problem
 from kb_gym.result import EvalResult, Status
 from kb_gym.store import ResultsStore, default_results_path
@@ -164,12 +165,17 @@ class Evaluator:
         early = self._precheck(problem, text, cfg)
         if early is not None:
             early.stage_seconds["precheck"] = time.perf_counter() - started
-            self._finish(early, "")
+            self._finish(early, "", cfg)
             future: Future = Future()
             future.set_result(early)
             return future
         source = extract_code(text).code
         return self._dispatch(problem, source, text, seed if seed is not None else secrets.randbits(31), cfg)
+
+    def _apply_policy(self, result: EvalResult, cfg: EvalConfig) -> None:
+        policy = get_policy(cfg.integrity)
+        result.integrity_policy = policy.name
+        result.speed_credit = not any(policy.action(f) == "no_speed_credit" for f in result.flags)
 
     def _precheck(self, problem: Problem, text: str, cfg: EvalConfig) -> EvalResult | None:
         if not isinstance(text, str):
@@ -192,6 +198,14 @@ class Evaluator:
             return self._verdict(problem, found.code, Status.COMPILE_ERROR,
                                  f"SyntaxError: {exc.msg} (line {exc.lineno})" + (f":\n    {line}" if line else ""),
                                  cfg)
+        findings = static_findings(found.code)
+        rejections = get_policy(cfg.integrity).rejections(findings)
+        if rejections:
+            result = self._verdict(problem, found.code, Status.REJECTED,
+                                   "; ".join(f.message for f in rejections), cfg)
+            result.findings = [f.to_dict() for f in findings]
+            result.flags = sorted({f.flag for f in findings})
+            return result
         return None
 
     def _verdict(self, problem: Problem, source: str, status: Status, error: str, cfg: EvalConfig) -> EvalResult:
@@ -219,9 +233,13 @@ class Evaluator:
             job, problem, cfg, future, queued = item
             try:
                 result = self._run_on(handle, job, problem, cfg, queued)
-            except Exception as exc:  # noqa: BLE001 - the caller always gets a verdict
+            except Exception as exc:  # noqa: BLE001 - the caller always gets a verdict, and it is recorded
                 result = self._verdict(problem, job.get("source") or "", Status.CRASH,
                                        f"evaluator error: {type(exc).__name__}: {exc}", cfg)
+                try:
+                    self._finish(result, "", cfg)
+                except Exception:  # noqa: BLE001 - a full disk must not hang the caller
+                    pass
             future.set_result(result)
 
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
@@ -250,8 +268,12 @@ class Evaluator:
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])
+        if job["source"] is not None:
+            findings = static_findings(job["source"])  # notes and speed-credit flags; rejections never get here
+            result.findings = [f.to_dict() for f in findings]
+            result.flags = sorted(set(result.flags) | {f.flag for f in findings})
         self._record_baseline(problem, cfg, result)
-        self._finish(result, log_tail)
+        self._finish(result, log_tail, cfg)
         return result
 
     def _record_baseline(self, problem: Problem, cfg: EvalConfig, result: EvalResult) -> None:
@@ -265,7 +287,8 @@ class Evaluator:
         except OSError:
             pass  # a read-only cache must not cost the caller its verdict
 
-    def _finish(self, result: EvalResult, log_tail: str) -> None:
+    def _finish(self, result: EvalResult, log_tail: str, cfg: EvalConfig | None = None) -> None:
+        self._apply_policy(result, cfg or self.config)
         result.feedback = render_feedback(result, log_tail)
         if self.store is not None:
             self.store.append(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from kb_gym.integrity import FLAG_DESCRIPTIONS
 from kb_gym.result import EvalResult, bound_text
 
 FEEDBACK_CHARS = 1500
@@ -55,7 +56,11 @@ def render_feedback(result: EvalResult, log_tail: str = "") -> str:
         text = f"Incorrect output: {error}"
     else:
         text = _timing_text(result)
-    notes = [f"Note: {FLAG_NOTES.get(f, f)}." for f in result.flags]
+    static = {f["flag"]: f["message"] for f in result.findings}
+    notes = [f"Note: {static.get(f) or FLAG_NOTES.get(f) or FLAG_DESCRIPTIONS.get(f, f)}." for f in result.flags
+             if status != "rejected"]
+    if result.flags and not result.speed_credit and status == "correct":
+        notes.append(f"Under the '{result.integrity_policy}' integrity policy this earns no speed credit.")
     if notes:
         text += "\n" + "\n".join(notes)
     return bound_text(text, FEEDBACK_CHARS + 400)

@@ -177,7 +177,7 @@ def get_policy(name: str) -> IntegrityPolicy:
 
 # --------------------------------------------------------------------------------------------- tables
 
-MAX_PARSE_CHARS = 150_000
+MAX_PARSE_CHARS = 100_000  # about 25k tokens: far above a policy's completion, small enough to parse in time
 _MAX_PER_FLAG = 6
 ENV_ALLOW = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})
 
@@ -331,9 +331,13 @@ _PASSTHROUGH = frozenset({
     "half", "bfloat16", "double", "get", "setdefault", "pop", "copy", "expand", "expand_as", "squeeze",
     "unsqueeze", "flatten", "t", "__getitem__", "requires_grad_", "type_as",
 })
-# Words of a name (split at "_") that say "the kernel is available" in a condition (HAS_TRITON, ext_ok...).
-_AVAIL_WORDS = frozenset({"triton", "cuda", "kernel", "kernels", "ext", "extension", "compiled", "available",
-                          "availability", "avail", "fallback", "supported", "ok", "native", "custom", "jit"})
+# Names that say "the kernel is available" in a condition: HAS_TRITON, cuda_ok, use_custom_kernel, ext_loaded...
+_AVAIL_STRONG = frozenset({"triton", "cuda", "compiled", "available", "availability", "avail", "fallback",
+                           "supported", "extension"})
+_AVAIL_VERBS = frozenset({"has", "use", "ok", "loaded", "built", "enabled", "can", "have"})
+_AVAIL_NOUNS = frozenset({"kernel", "kernels", "ext", "custom", "triton", "cuda", "fast", "fused", "native", "jit"})
+_SIZE_WORDS = frozenset({"size", "sizes", "shape", "dim", "dims", "stride", "padding", "dilation", "groups",
+                         "channels", "features", "len", "numel", "block"})
 _AVAIL_CALLS = frozenset({"torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.is_initialized"})
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -524,8 +528,13 @@ class _Analyzer:
             elif f == "importlib.import_module" and args and _const_str(args[0]):
                 base = args[0].value
         elif isinstance(node, ast.Subscript):
-            if self.qual(node.value) == "sys.modules" and _const_str(node.slice):
-                base = node.slice.value
+            key = _const_str(node.slice)
+            container = node.value
+            if key and self.qual(container) == "sys.modules":
+                base = key
+            elif (key and isinstance(container, ast.Call) and not container.args
+                  and _is_builtin(self.qual(container.func), "globals", "locals", "vars")):
+                base = self.qual(ast.Name(id=key, ctx=ast.Load()))
         if base is None:
             return None
         return ".".join([base, *reversed(attrs)])
@@ -827,14 +836,15 @@ class _Structure:
         self.module_vars: set[str] = set()
         self.values: dict[str, list[ast.AST]] = {}  # v:/a: node -> value expressions
         self.kernels: dict[str, tuple[str, int]] = {}  # node -> (display name, line)
-        self.opaque: set[str] = set()  # nodes that launch unknown extension functions
+        self.opaque: set[str] = {"op:*"}  # nodes that launch unknown extension functions or custom ops
+        self.custom_ops: dict[str, str] = {}  # "ns.name" -> function node registered for torch.ops.ns.name
+        self.extra_edges: dict[str, set[str]] = {}
         self.ext_funcs: set[str] = set()
         self.edges: dict[str, set[str]] = {}
         self.reach_kernel: set[str] = set()
         self.compute_nodes: set[str] = set()
         self.avail_names: set[str] = set()
-        self._compute_memo: dict[int, bool] = {}
-        self._launch_memo: dict[int, bool] = {}
+        self._summary_memo: dict[int, tuple[bool, str | None, str | None]] = {}
 
     # ----------------------------------------------------------------- collection
 
@@ -858,6 +868,8 @@ class _Structure:
         for key, exprs in self.values.items():
             cls = key[2:].split(".")[0] if key.startswith("a:") else None
             self.edges.setdefault(key, set()).update(self.refs(exprs, cls, "self"))
+        for key, dsts in self.extra_edges.items():
+            self.edges.setdefault(key, set()).update(dsts)
         self._propagate()
 
     def _scan_block(self, body: list[ast.stmt], cls: str | None, self_name: str | None, top: bool) -> None:
@@ -950,9 +962,16 @@ class _Structure:
             for d in defs:
                 for dec in d.decorator_list:
                     target = dec.func if isinstance(dec, ast.Call) else dec
-                    if an.qual(target) in _KERNEL_DECORATORS:
+                    q = an.qual(target)
+                    if q in _KERNEL_DECORATORS:
                         self.kernels[key] = (d.name, d.lineno)
-                        break
+                    elif q and q.startswith("torch.library.") and isinstance(dec, ast.Call) and dec.args:
+                        name = _const_str(dec.args[0])  # @torch.library.custom_op("ns::name") and friends
+                        if name and "::" in name:
+                            self.custom_ops[name.replace("::", ".").split(".overload")[0]] = key
+                    elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                          and target.attr.startswith("register_")):  # @op.register_kernel("cuda")
+                        self.extra_edges.setdefault(f"f:{target.value.id}", set()).add(key)
         calls = [n for n in an.nodes if isinstance(n, ast.Call)]
         for call in calls:
             q = an.qual(call.func)
@@ -1004,45 +1023,72 @@ class _Structure:
         return out
 
     def refs(self, nodes: Iterable[ast.AST], cls: str | None, self_name: str | None) -> set[str]:
+        """Graph nodes that ``nodes`` read (names, ``self.x``, ``Class.x``, literal names for getattr)."""
         out: set[str] = set()
-        for n in _walk(nodes):
-            if isinstance(n, ast.Name):
-                name = n.id
-                if f"f:{name}" in self.func_defs:
-                    out.add(f"f:{name}")
-                if name in self.class_defs:
-                    out.add(f"c:{name}")
-                if name in self.module_vars:
-                    out.add(f"v:{name}")
-            elif isinstance(n, ast.Attribute):
-                base = n.value
-                if n.attr in self.ext_funcs:
-                    out.add(f"x:{n.attr}")
-                if isinstance(base, ast.Name):
-                    if cls and base.id in (self_name, "cls", "self"):
-                        out.update(self.lookup(cls, n.attr))
-                    elif base.id in self.class_defs:
-                        out.update(self.lookup(base.id, n.attr))
-                elif (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super"
-                      and cls):
-                    for c in self.mro(cls)[1:]:
-                        out.update(self.lookup(c, n.attr))
-            elif isinstance(n, _DEFS) and n is not None:
-                if isinstance(n, ast.ClassDef):
-                    out.add(f"c:{n.name}")
-                elif f"f:{n.name}" in self.func_defs:
-                    out.add(f"f:{n.name}")
-            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
-                text = n.value
-                if f"f:{text}" in self.func_defs:
-                    out.add(f"f:{text}")
-                if text in self.ext_funcs:
-                    out.add(f"x:{text}")
-                if text in self.module_vars:
-                    out.add(f"v:{text}")
-                if cls:
-                    out.update(self.lookup(cls, text))
+        for n in self.walk_code(nodes):
+            self.node_refs(n, cls, self_name, out)
         return out
+
+    def walk_code(self, nodes: Iterable[ast.AST], skip: ast.AST | None = None) -> Iterator[ast.AST]:
+        """Like ``_walk``, but not into extension builds (their ``functions=[...]`` names are no launch) or ``skip``."""
+        stack = list(nodes)
+        while stack:
+            node = stack.pop()
+            if node is skip:
+                continue
+            yield node
+            if isinstance(node, _DEFS):
+                continue
+            if isinstance(node, ast.Call) and self.an.qual(node.func) in _EXT_LOADERS:
+                continue
+            stack.extend(ast.iter_child_nodes(node))
+
+    def node_refs(self, n: ast.AST, cls: str | None, self_name: str | None, out: set[str]) -> None:
+        if isinstance(n, ast.Name):
+            if not isinstance(n.ctx, ast.Load):
+                return
+            name = n.id
+            if f"f:{name}" in self.func_defs:
+                out.add(f"f:{name}")
+            if name in self.class_defs:
+                out.add(f"c:{name}")
+            if name in self.module_vars:
+                out.add(f"v:{name}")
+        elif isinstance(n, ast.Attribute):
+            if not isinstance(n.ctx, ast.Load):
+                return
+            base = n.value
+            if n.attr in self.ext_funcs:
+                out.add(f"x:{n.attr}")
+            if isinstance(base, ast.Attribute):
+                q = self.an.qual(n)
+                parts = q.split(".") if q and q.startswith("torch.ops.") else []
+                if len(parts) >= 4 and parts[2] not in ("aten", "prims", "quantized"):
+                    out.add(self.custom_ops.get(f"{parts[2]}.{parts[3]}", "op:*"))
+            if isinstance(base, ast.Name):
+                if cls and base.id in (self_name, "cls", "self"):
+                    out.update(self.lookup(cls, n.attr))
+                elif base.id in self.class_defs:
+                    out.update(self.lookup(base.id, n.attr))
+            elif (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super"
+                  and cls):
+                for c in self.mro(cls)[1:]:
+                    out.update(self.lookup(c, n.attr))
+        elif isinstance(n, _DEFS):
+            if isinstance(n, ast.ClassDef):
+                out.add(f"c:{n.name}")
+            elif f"f:{n.name}" in self.func_defs:
+                out.add(f"f:{n.name}")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
+            text = n.value
+            if f"f:{text}" in self.func_defs:
+                out.add(f"f:{text}")
+            if text in self.ext_funcs:
+                out.add(f"x:{text}")
+            if text in self.module_vars:
+                out.add(f"v:{text}")
+            if cls:
+                out.update(self.lookup(cls, text))
 
     def _propagate(self) -> None:
         reverse: dict[str, set[str]] = {}
@@ -1133,6 +1179,12 @@ class _Structure:
 
     def compute(self, nodes: list[ast.AST], cls: str | None, self_name: str | None, loose: bool = False) -> str | None:
         """PyTorch computation in ``nodes`` (direct or through a helper); ``loose`` also counts returned arithmetic."""
+        if all(isinstance(n, ast.stmt) for n in nodes):
+            summaries = [self.summary(s, cls, self_name) for s in nodes]
+            found = next((c for _, c, _ in summaries if c), None)
+            if found or not loose:
+                return found
+            return next((lo for _, _, lo in summaries if lo), None)
         found = self.direct_compute(nodes, cls, self_name)
         if found:
             return found
@@ -1142,18 +1194,69 @@ class _Structure:
         if loose:
             for n in _walk(nodes):
                 if isinstance(n, ast.Return) and n.value is not None:
-                    for sub in ast.walk(n.value):
-                        if isinstance(sub, (ast.BinOp, ast.UnaryOp)) and not isinstance(sub.op, ast.Not):
-                            return _short(n.value, 40)
+                    found = _arithmetic(n.value)
+                    if found:
+                        return found
         return None
 
-    def launches(self, nodes: list[ast.AST], cls: str | None, self_name: str | None) -> bool:
-        for n in _walk(nodes):
-            if isinstance(n, ast.Call):
-                q = self.an.qual(n.func)
-                if q and q.startswith("torch.ops.") and not q.startswith(("torch.ops.aten.", "torch.ops.prims.")):
-                    return True
-        return any(k in self.reach_kernel for k in self.refs(nodes, cls, self_name))
+    def launches(self, nodes: Iterable[ast.AST], cls: str | None, self_name: str | None,
+                 skip: ast.AST | None = None, ignore: frozenset[str] = frozenset()) -> bool:
+        """Whether ``nodes`` launch a kernel: reach one through the graph, call a custom op or replay a graph."""
+        nodes = list(nodes)
+        if skip is None and not ignore and all(isinstance(n, ast.stmt) for n in nodes):
+            return any(self.summary(s, cls, self_name)[0] for s in nodes)
+        out: set[str] = set()
+        for n in self.walk_code(nodes, skip):
+            if self.launch_call(n):
+                return True
+            self.node_refs(n, cls, self_name, out)
+        return any(k in self.reach_kernel and k not in ignore for k in out)
+
+    def launch_call(self, n: ast.AST) -> bool:
+        if not isinstance(n, ast.Call):
+            return False
+        q = self.an.qual(n.func)
+        if q and q.startswith("torch.ops.") and not q.startswith(("torch.ops.aten.", "torch.ops.prims.")):
+            return True
+        return q is None and isinstance(n.func, ast.Attribute) and n.func.attr == "replay" and not n.args
+
+    def summary(self, stmt: ast.stmt, cls: str | None, self_name: str | None) -> tuple[bool, str | None, str | None]:
+        """(launches, PyTorch computation, returned arithmetic) of one statement and those nested in it; memoised."""
+        key = id(stmt)
+        cached = self._summary_memo.get(key)
+        if cached is not None:
+            return cached
+        out: set[str] = set()
+        loose = None
+        if isinstance(stmt, _DEFS):  # a definition in a branch counts as a use of it
+            self.node_refs(stmt, cls, self_name, out)
+            launch, comp = any(k in self.reach_kernel for k in out), None
+        else:
+            own = [c for c in ast.iter_child_nodes(stmt)
+                   if not isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case))]
+            launch = False
+            for n in self.walk_code(own):
+                launch = launch or self.launch_call(n)
+                self.node_refs(n, cls, self_name, out)
+            launch = launch or any(k in self.reach_kernel for k in out)
+            helpers = sorted(k for k in out if k in self.compute_nodes and k not in self.reach_kernel)
+            comp = self.direct_compute(own, cls, self_name) or (helpers[0].split(":", 1)[1] + "()" if helpers else None)
+            if isinstance(stmt, ast.Return) and stmt.value is not None:
+                loose = _arithmetic(stmt.value)
+            for block in _stmt_blocks(stmt):
+                for inner in block:
+                    l2, c2, lo2 = self.summary(inner, cls, self_name)
+                    launch, comp, loose = launch or l2, comp or c2, loose or lo2
+        result = (launch, comp, loose)
+        self._summary_memo[key] = result
+        return result
+
+
+def _arithmetic(expr: ast.AST) -> str | None:
+    for sub in ast.walk(expr):
+        if isinstance(sub, (ast.BinOp, ast.UnaryOp)) and not isinstance(sub.op, ast.Not):
+            return _short(expr, 40)
+    return None
 
 
 def _returned_bases(expr: ast.AST | None, self_name: str | None, depth: int = 0) -> set[str]:
@@ -1256,18 +1359,17 @@ class _Behaviour:
                 continue
             if not any(isinstance(n, ast.Call) for n in _walk(node.body)):
                 continue
-            for name in _names_assigned(node.body):
-                st.avail_names.add(name)
+            st.avail_names |= _flag_names(node.body, self.an)
             cls, sname = owner.get(id(node), (None, None))
+            launching = st.launches(node.body, cls, sname)
             for handler in node.handlers:
-                for name in _names_assigned(handler.body):
-                    st.avail_names.add(name)
+                st.avail_names |= _flag_names(handler.body, self.an)
                 if _terminates(handler.body) and isinstance(handler.body[-1], ast.Raise):
                     continue
-                found = st.compute(handler.body, cls, sname, loose=True)
+                found = st.compute(handler.body, cls, sname, loose=launching)
                 if found:
                     self.an.add("fallback", handler.lineno,
-                                f"the except branch at line {handler.lineno} falls back to PyTorch (`{found}`)",
+                                f"this except branch falls back to PyTorch (`{found}`)",
                                 "a kernel that fails must fail, not be replaced by PyTorch, so the result gets "
                                 "no speed credit")
 
@@ -1285,7 +1387,7 @@ class _Behaviour:
                     return _short(test)
             elif isinstance(n, ast.Name):
                 name = n.id
-            if name and (name in self.st.avail_names or set(name.lower().split("_")) & _AVAIL_WORDS):
+            if name and _availability_name(name, self.st.avail_names):
                 return _short(test)
         return None
 
@@ -1424,34 +1526,63 @@ class _Behaviour:
                            "get no speed credit")
         if not state:
             return
+        # reading a cached value is no launch, even when the value came from one
+        state_nodes = frozenset(
+            key for target in state
+            for key in ((st.lookup(cls, target[5:]) if cls else []) if target.startswith("self.") else [f"v:{target}"]))
         returned = set()
         for n in nodes:
             if isinstance(n, ast.Return):
                 returned |= _returned_bases(n.value, sname) & aliases
+        conditionals: list[tuple[ast.AST, ast.AST, list, list]] = []  # (node, test, branch, branch)
         for n in nodes:
-            if not isinstance(n, (ast.If, ast.IfExp)):
+            if isinstance(n, ast.If):
+                conditionals.append((n, n.test, n.body, n.orelse))
+            elif isinstance(n, ast.Return) and isinstance(n.value, ast.IfExp):
+                conditionals.append((n, n.value.test, [n.value.body], [n.value.orelse]))
+        examined = 0
+        for n, test, body, orelse in conditionals:
+            if not (_mentions(test, sname) & aliases):
                 continue
-            if not (_mentions(n.test, sname) & aliases):
-                continue
-            body = n.body if isinstance(n, ast.If) else [ast.Return(value=n.body)]
-            orelse = n.orelse if isinstance(n, ast.If) else [ast.Return(value=n.orelse)]
+            examined += 1
+            if examined > 64:
+                return
             for branch in (body, orelse):
-                hits = set()
-                for m in _walk(branch):
-                    if isinstance(m, ast.Return):
-                        hits |= _returned_bases(m.value, sname) & aliases
-                if hits and not st.launches(branch, cls, sname):
-                    an.add("replay", n.lineno, f"returns `{sorted(hits)[0]}` saved by an earlier call when "
-                           f"`{_short(n.test)}` holds",
-                           "outputs must be computed from the current inputs on every call, so replayed results "
-                           "get no speed credit")
-                    return
-            if returned and st.launches(body, cls, sname) != st.launches(orelse, cls, sname):
-                an.add("replay", n.lineno, f"launches the kernel only when `{_short(n.test)}` holds and returns "
+                hits, early = _branch_returns(branch, sname, aliases)
+                if early is None or st.launches(branch, cls, sname):
+                    continue
+                if hits:
+                    what = f"returns `{sorted(hits)[0]}` saved by an earlier call when `{_short(test)}` holds"
+                else:
+                    what = (f"returns `{_short(early, 40)}` without running a kernel when `{_short(test)}` "
+                            "holds, a condition on state kept across calls")
+                an.add("replay", n.lineno, what,
+                       "outputs must be computed from the current inputs on every call, so replayed results get "
+                       "no speed credit")
+                return
+            if (returned and st.launches(body, cls, sname) != st.launches(orelse, cls, sname)
+                    and not st.launches(func.body, cls, sname, skip=n, ignore=state_nodes)):
+                an.add("replay", n.lineno, f"launches the kernel only when `{_short(test)}` holds and returns "
                        f"`{sorted(returned)[0]}` kept from an earlier call",
                        "outputs must be computed from the current inputs on every call, so replayed results "
                        "get no speed credit")
                 return
+
+
+def _branch_returns(branch: list, self_name: str | None, aliases: set[str]) -> tuple[set[str], ast.AST | None]:
+    """(cached names returned, first value returned) by a branch: statements, or one expression of an IfExp."""
+    if branch and not isinstance(branch[0], ast.stmt):
+        value = branch[0]
+        returned = None if isinstance(value, ast.Constant) and value.value is None else value
+        return _returned_bases(value, self_name) & aliases, returned
+    hits: set[str] = set()
+    early = None
+    for m in _walk(branch):
+        if isinstance(m, ast.Return):
+            hits |= _returned_bases(m.value, self_name) & aliases
+            if m.value is not None and not (isinstance(m.value, ast.Constant) and m.value.value is None):
+                early = early or m.value
+    return hits, early
 
 
 def _flat_targets(targets: Iterable[ast.AST]) -> Iterator[ast.AST]:
@@ -1476,12 +1607,25 @@ def _stmt_exprs(stmt: ast.stmt) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def _names_assigned(body: list[ast.stmt]) -> set[str]:
+def _availability_name(name: str, flags: set[str]) -> bool:
+    words = set(name.lower().split("_")) - {""}
+    if words & _SIZE_WORDS:
+        return False
+    return name in flags or bool(words & _AVAIL_STRONG) or bool(words & _AVAIL_VERBS and words & _AVAIL_NOUNS)
+
+
+def _flag_names(body: list[ast.stmt], an: _Analyzer) -> set[str]:
+    """Names (or attributes) a try block sets to a flag: True / False / None, or a built extension."""
     out = set()
     for n in _walk(body):
-        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            value = n.value
+            flag_like = (isinstance(value, ast.Constant) and value.value in (True, False, None)) or (
+                isinstance(value, ast.Call) and an.qual(value.func) in _EXT_LOADERS)
+            if not flag_like:
+                continue
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            for t in targets:
+            for t in _flat_targets(targets):
                 if isinstance(t, ast.Name):
                     out.add(t.id)
                 elif isinstance(t, ast.Attribute):
@@ -1551,7 +1695,7 @@ def static_findings(source: str) -> list[Finding]:
             _line_scan(an, source)
         except Exception:  # noqa: BLE001 - the checks must never break an evaluation
             pass
-        an.add("unchecked", None, f"the source is {len(source)} characters, over the {MAX_PARSE_CHARS} the static "
+        an.add("unchecked", None, f"the source has {len(source)} characters, over the {MAX_PARSE_CHARS} the static "
                "checks parse, so only a line scan ran",
                "fallbacks, decoys and replays were not checked, so the result gets no speed credit")
         return _sorted(an.findings)

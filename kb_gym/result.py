@@ -37,7 +37,8 @@ class EvalResult:
 
     ``speedup`` is baseline median / candidate median and is set only when the candidate is
     correct. ``flags`` name integrity findings (``no_custom_kernel``, ``excessive_speedup``...);
-    what they cost is decided by the reward and the integrity policy, never silently here.
+    ``speed_credit`` is the integrity policy's verdict on them (False: rewards give no speed
+    credit), and ``findings`` hold the static checks' messages with their lines.
     """
 
     status: str
@@ -59,6 +60,9 @@ class EvalResult:
     backend: str = "unknown"
     device: str = ""
     flags: list[str] = field(default_factory=list)
+    speed_credit: bool | None = None  # set by the Evaluator from its policy; None: rewards use the flags
+    integrity_policy: str = ""
+    findings: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     feedback: str = ""
     correctness: dict[str, Any] = field(default_factory=dict)

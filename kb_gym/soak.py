@@ -78,7 +78,8 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
     relu = get_problem(problems, name="level1/1_ReLU")
     results_path = Path(tempfile.mkdtemp(prefix="kb_gym_soak_")) / "results.jsonl"
     cfg = EvalConfig(trials=2, timing_min_reps=5, timing_max_reps=10, timing_max_seconds=2,
-                     correctness_timeout=5, load_timeout=60, timing_timeout=30)
+                     correctness_timeout=5, load_timeout=60, timing_timeout=30,
+                     integrity="off")  # faults must reach the worker, not stop at the static checks
     stats: dict[str, Any] = {"n": 0, "faults": {}, "statuses": {}, "evaluator_exceptions": 0,
                              "samples": [], "walls": []}
     deadline = time.monotonic() + max_minutes * 60

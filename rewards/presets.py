@@ -109,7 +109,16 @@ def _penalised_set(penalised_flags: Iterable[str] | None) -> frozenset[str]:
 
 
 def is_penalised(result: Any, penalised_flags: Iterable[str] | None = None) -> bool:
-    """Whether the result carries any flag of ``penalised_flags`` (default: the preset set)."""
+    """Whether the result earns no speed credit.
+
+    With ``penalised_flags`` given: whether it carries one of them. Otherwise the evaluator's
+    integrity-policy verdict (``speed_credit``) decides when the result has one; results without it
+    (older JSONL) fall back to the preset flag set.
+    """
+    if penalised_flags is None:
+        credit = _get(result, "speed_credit")
+        if isinstance(credit, bool):
+            return not credit
     return bool(flag_names(_get(result, "flags")) & _penalised_set(penalised_flags))
 
 

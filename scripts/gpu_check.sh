@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md):
-#   the GPU-marked tests, then `kb-gym bench` on the official problems; short table last.
+#   the GPU-marked tests, `kb-gym demo`, `kb-gym bench` on the official problems and `kb-gym soak`.
+#   Usage: scripts/gpu_check.sh [all|tests|bench|demo|soak]  (tests = tests + demo; bench = bench + soak)
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files).
 # `python3 -P`: the repository root holds a kb_gym/ folder that would shadow the installed package.
@@ -23,8 +24,15 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   python3 -P -m kb_gym.cli bench --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 fi
-if [ "$what" = all ] || [ "$what" = demo ]; then
+if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = demo ]; then
   python3 -P -m kb_gym.cli demo 2>&1 | tee "$OUT/demo.log"
 fi
-echo "== summary =="; grep -E "passed|failed|error" "$OUT/gpu_tests.log" 2>/dev/null | tail -3
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = soak ]; then
+  python3 -P -m kb_gym.cli soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-4}" --out "$OUT/soak.json" 2>&1 \
+    | tee "$OUT/soak.log"
+fi
+echo "== summary =="
+grep -E "passed|failed" "$OUT/gpu_tests.log" 2>/dev/null | tail -1
+tail -n 12 "$OUT/bench.log" 2>/dev/null
+tail -n 9 "$OUT/soak.log" 2>/dev/null
 exit $rc

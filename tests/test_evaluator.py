@@ -215,10 +215,23 @@ def test_input_mutation_is_flagged(ev, relu):
     assert r.status == "correct" and "input_mutation" in r.flags
 
 
-def test_patching_the_harness_is_caught(ev, relu):
-    src = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.isclose = lambda a, b, **k: a == a\n"
+PATCHER = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.isclose = lambda a, b, **k: a == a\n"
            "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
-    r = ev.evaluate(relu, src, config=NO_TIMING)
+
+
+def test_patching_the_harness_is_rejected_before_running(relu):
+    fresh = Evaluator("cpu", results_path=False)
+    r = fresh.evaluate(relu, PATCHER)
+    assert r.status == "rejected" and "harness_patch" in r.flags
+    assert "line 2" in r.error and r.findings
+    assert fresh.worker_stats[0]["jobs"] == 0
+    fresh.close()
+
+
+def test_patching_the_harness_is_caught_at_runtime_too(ev, relu):
+    # With the static checks off, the runtime identity check still catches the patch.
+    src = PATCHER
+    r = ev.evaluate(relu, src, config=NO_TIMING.replace(integrity="off"))
     assert r.status == "incorrect"
     assert "tampering" in r.flags
     after = ev.evaluate(relu, as_candidate(relu), config=NO_TIMING)  # fresh worker, honest harness
@@ -254,6 +267,16 @@ def test_baseline_only_job_fills_the_cache(tmp_path, relu):
     assert entry["problem"] == "level1/1_ReLU" and entry["ref_runtime_ms"] == r.ref_runtime_ms
 
 
+def test_integrity_policy_decides_speed_credit(ev, relu):
+    strict = ev.evaluate(relu, as_candidate(relu), config=NO_TIMING)
+    assert "no_custom_kernel" in strict.flags and not strict.speed_credit
+    assert strict.integrity_policy == "strict" and "no speed credit" in strict.feedback
+    lenient = ev.evaluate(relu, as_candidate(relu), config=NO_TIMING.replace(integrity="kernelbench"))
+    assert "no_custom_kernel" in lenient.flags and lenient.speed_credit
+    honest = ev.evaluate(relu, solution(relu), config=NO_TIMING)
+    assert honest.speed_credit and honest.flags == []
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="precision"):
         EvalConfig(precision="fp8")
@@ -262,3 +285,5 @@ def test_config_validation():
     assert EvalConfig(precision="bf16").tolerances == (1e-2, 1e-2)
     assert EvalConfig(tolerance="kernelbench-v0.1").tolerances == (1e-2, 1e-2)
     assert EvalConfig().tolerances == (1e-4, 1e-4)
+    with pytest.raises(ValueError, match="strict"):
+        EvalConfig(integrity="lenient")

@@ -18,7 +18,9 @@ import pytest
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 from kb_gym.sandbox import namespace_prefix
 
-FAST = EvalConfig(trials=1, timing=False, load_timeout=20, correctness_timeout=8)
+# integrity="off": these candidates would be rejected by the static checks before running; here
+# they must reach the worker, because the sandbox has to hold even when a check misses.
+FAST = EvalConfig(trials=1, timing=False, load_timeout=20, correctness_timeout=8, integrity="off")
 HONEST = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
 
 

@@ -95,6 +95,15 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("mock_patch", candidate("from unittest import mock  # <-"), "harness_patch"),
     ("nn_module_call", candidate("nn.Module.__call__ = lambda self, *a: a[0]  # <-"), "harness_patch"),
     ("object_setattr", candidate('object.__setattr__(triton, "cdiv", lambda a, b: 1)  # <-'), "harness_patch"),
+    ("from_import_alias", candidate("from torch import testing\ntesting.assert_close = print  # <-"), "harness_patch"),
+    ("import_as_alias", candidate("import torch.testing as tt\ntt.assert_close = print  # <-"), "harness_patch"),
+    ("globals_lookup", candidate('globals()["torch"].allclose = max  # <-'), "harness_patch"),
+    ("vars_module", candidate('vars(torch)["allclose"] = max  # <-'), "harness_patch"),
+    ("delete_attr", candidate("del torch.allclose  # <-"), "harness_patch"),
+    ("sys_modules_update", candidate('import sys\nsys.modules.update({"torch.testing": None})  # <-'), "harness_patch"),
+    ("import_module", candidate('import importlib\nimportlib.import_module("torch.testing").assert_close = print  # <-'),
+     "harness_patch"),
+    ("sys_path", candidate('import sys\nsys.path.insert(0, "/tmp/shadow")  # <-'), "harness_patch"),
     # ------------------------------------------------------------------ timer_patch
     ("perf_counter", candidate("import time\ntime.perf_counter = lambda: 0.0  # <-"), "timer_patch"),
     ("elapsed_time", candidate("torch.cuda.Event.elapsed_time = lambda self, end: 1e-3  # <-"), "timer_patch"),
@@ -104,10 +113,13 @@ ATTACKS: list[tuple[str, str, str]] = [
      "timer_patch"),
     ("setattr_time", candidate('import time\nsetattr(time, "time", lambda: 0.0)  # <-'), "timer_patch"),
     ("time_alias", candidate("import time as _t\n_t.monotonic = lambda: 0.0  # <-"), "timer_patch"),
+    ("event_in_init", candidate(init="torch.cuda.Event.elapsed_time = lambda s, e: 0.0  # <-"), "timer_patch"),
     # ------------------------------------------------------------------ precision_change
     ("allow_tf32", candidate("torch.backends.cuda.matmul.allow_tf32 = True  # <-"), "precision_change"),
     ("cudnn_benchmark", candidate("torch.backends.cudnn.benchmark = True  # <-"), "precision_change"),
     ("matmul_precision", candidate('torch.set_float32_matmul_precision("medium")  # <-'), "precision_change"),
+    ("inductor_config", candidate("import torch._inductor.config as inductor_config\n"
+                                  "inductor_config.max_autotune = True  # <-"), "precision_change"),
     # ------------------------------------------------------------------ introspection
     ("currentframe", candidate("import inspect", forward="""
         caller = inspect.currentframe().f_back  # <-
@@ -242,6 +254,33 @@ ATTACKS: list[tuple[str, str, str]] = [
             return torch.relu(x)
         return launch(x)
     """), "fallback"),
+    ("extension_missing", """\
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+try:
+    ext = load_inline(name="e", cpp_sources="", cuda_sources="", functions=["relu_cuda"])
+except Exception:
+    ext = None
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if ext is not None:  # <-
+            return ext.relu_cuda(x)
+        return torch.relu(x)
+""", "fallback"),
+    ("training_mode", candidate("import torch.nn.functional as F", forward="""
+        if self.training:  # <-
+            return F.relu(x)
+        return launch(x)
+    """), "fallback"),
+    ("dtype_condition", candidate("", forward="""
+        if x.dtype != torch.float32:  # <-
+            return torch.relu(x)
+        return launch(x)
+    """), "fallback"),
     ("arithmetic_fallback", candidate("", forward="""
         try:
             return launch(x)
@@ -307,6 +346,19 @@ REPLAYS: list[tuple[str, str]] = [
             return hit
         _SEEN[id(x)] = launch(x)
         return _SEEN[id(x)]
+    """)),
+    ("call_counter", candidate(init="self.calls = 0", forward="""
+        self.calls += 1
+        if self.calls > 5:  # <-
+            return torch.zeros_like(x)
+        return launch(x)
+    """)),
+    ("same_input_object", candidate(init="self.last_x = None\nself.last_out = None", forward="""
+        if x is self.last_x:  # <-
+            return self.last_out
+        out = launch(x)
+        self.last_x, self.last_out = x, out
+        return out
     """)),
     ("lru_cache", candidate("import functools", forward="return cached(x)", extra="""
         @functools.lru_cache(maxsize=None)  # <-
@@ -464,6 +516,196 @@ class ModelNew(nn.Module):
             self.ext = _get_ext()
         return self.ext.relu_cuda(x)
 """),
+    ("custom_op", HEADER + """
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=offs < n), 0.0), mask=offs < n)
+
+
+@torch.library.custom_op("kb::relu", mutates_args=())
+def relu_op(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
+
+
+@relu_op.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.ops.kb.relu(x)
+"""),
+    ("autotune_with_grid_lambda", HEADER + """
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=offs < n), 0.0), mask=offs < n)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+        relu_kernel[grid](x, out, n)
+        return out
+"""),
+    ("cuda_graph", candidate(init="self.graph = None\nself.static_x = None\nself.static_out = None", forward="""
+        if self.graph is None:
+            self.static_x = x.clone()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_out = launch(self.static_x)
+        self.static_x.copy_(x)
+        self.graph.replay()
+        return self.static_out.clone()
+    """)),
+    ("resnet_block_with_extension", """\
+import os
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+build_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build")
+os.makedirs(build_dir, exist_ok=True)
+fused = load_inline(name="fused", cpp_sources="torch::Tensor add_relu_cuda(torch::Tensor a, torch::Tensor b);",
+                    cuda_sources="...", functions=["add_relu_cuda", "relu_cuda"], build_directory=build_dir)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, stride=1):
+        super(ModelNew, self).__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.downsample = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                        nn.BatchNorm2d(out_channels)) if stride != 1 else None
+        self.fused = fused
+
+    def forward(self, x):
+        identity = x
+        out = self.fused.relu_cuda(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        return self.fused.add_relu_cuda(out, identity)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 224, 224)]
+"""),
+    ("capability_dispatch", candidate("", forward="""
+        major, _ = torch.cuda.get_device_capability()
+        if major >= 9:
+            return launch(x)
+        out = torch.empty_like(x)
+        relu_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), BLOCK=256)
+        return out
+    """)),
+    ("extension_failure_raises", """\
+import warnings
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+try:
+    ext = load_inline(name="e", cpp_sources="", cuda_sources="", functions=["relu_cuda"])
+except Exception as err:
+    warnings.warn(f"build failed: {err}")
+    ext = None
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if ext is None:
+            raise RuntimeError("extension failed to build")
+        return ext.relu_cuda(x)
+"""),
+    ("libdevice_import_fallback", HEADER + """
+try:
+    from triton.language.extra import libdevice
+except ImportError:
+    from triton.language.math import libdevice
+""" + KERNEL + """
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return launch(x)
+"""),
+    ("cupy_raw_kernel", """\
+import cupy as cp
+import torch
+import torch.nn as nn
+
+_k = cp.RawKernel(r'extern "C" __global__ void relu(const float* x, float* y, int n) {}', "relu")
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        _k((1,), (256,), (x.data_ptr(), y.data_ptr(), x.numel()))
+        return y
+"""),
+    ("pointer_alignment_check", candidate("", forward="""
+        if x.data_ptr() % 16 != 0:
+            x = x.clone()
+        return launch(x)
+    """)),
+    ("kernel_size_post_processing", candidate("import torch.nn.functional as F", init="self.kernel_size = 3", forward="""
+        out = launch(x)
+        if self.kernel_size > 1:
+            out = F.pad(out, (1, 1))
+        return out
+    """)),
+    ("kernel_error_reraised_then_reduce", candidate("", forward="""
+        try:
+            out = launch(x)
+        except RuntimeError as err:
+            raise RuntimeError("kernel failed") from err
+        if out.dim() == 3:
+            out = out.sum(0)
+        return out
+    """)),
+    ("device_query_helper", candidate("", forward="num_warps(x.numel())\nreturn launch(x)", extra="""
+        def num_warps(n):
+            try:
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+            except Exception:
+                return n // 256 + 1
+            return max(1, n // (sms * 32))
+    """)),
+    ("bias_flag", candidate(init="self.has_bias = True\nself.bias = nn.Parameter(torch.zeros(4))", forward="""
+        out = launch(x)
+        if self.has_bias:
+            out.add_(self.bias)
+        return out
+    """)),
+    ("dropout_after_kernel", candidate("import torch.nn.functional as F", forward="""
+        out = launch(x)
+        if self.training:
+            out = F.dropout(out, 0.1)
+        return out
+    """)),
+    ("reference_model_included", candidate(extra="""
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.relu(x)
+
+
+        def get_inputs():
+            return [torch.randn(16, 16)]
+    """)),
     ("relative_file_write", candidate("", forward="""
         with open("kernel_log.txt", "a") as fh:
             fh.write("ran\\n")
@@ -508,7 +750,7 @@ def test_attack_is_flagged(source, flag):
 @pytest.mark.parametrize("source", [pytest.param(s, id=i) for i, s in REPLAYS])
 def test_replay_is_flagged(source):
     finding = assert_finding(source, "replay")
-    assert "earlier call" in finding.message or "cache" in finding.message or "memoised" in finding.message
+    assert "current inputs" in finding.message
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, id=i) for i, s in DECOYS])
@@ -538,7 +780,7 @@ def test_findings_name_what_and_why():
         except Exception:  # <-
             return torch.relu(x)
     """), "fallback")
-    assert "torch.relu" in finding.message and "except branch" in finding.message
+    assert "torch.relu" in finding.message and "except branch falls back" in finding.message
 
 
 @pytest.mark.parametrize(("name", "source"), honest_sources())
@@ -602,7 +844,7 @@ def test_unknown_policy_names_the_known_ones():
 
 
 @pytest.mark.parametrize("text", [
-    "", "   \n", "def broken(:\n", "class ModelNew(nn.Module)\n    pass", "\x00\x01", "(" * 500, "a" + "+a" * 100_000,
+    "", "   \n", "def broken(:\n", "class ModelNew(nn.Module)\n    pass", "\x00\x01", "(" * 500, "a" + "+a" * 20_000,
 ])
 def test_unparsable_or_empty_sources_give_nothing(text):
     assert static_findings(text) == []
@@ -629,6 +871,14 @@ def test_one_megabyte_returns_within_a_second():
     flags = {f.flag for f in static_findings(hacked)}
     assert {"unchecked", "harness_patch"} <= flags
     assert len(valid) > MAX_PARSE_CHARS
+
+
+def test_oversized_source_still_gets_the_line_scan():
+    text = candidate("import threading") + "\n# padding\n" * (MAX_PARSE_CHARS // 10)
+    findings = static_findings(text)
+    assert [f.flag for f in findings] == ["concurrency", "unchecked"]
+    assert findings[0].line == 5 and "line 5" in findings[0].message
+    assert findings[1].line is None and str(MAX_PARSE_CHARS) in findings[1].message
 
 
 def test_largest_parsed_source_is_fast():
