@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_gym.result import STATUS_ORDER, EvalResult, Status
+from kb_gym.result import STATUS_ORDER, EvalResult, Status, flag_names, valid_speedup
 
 logger = logging.getLogger(__name__)
 
@@ -87,29 +87,6 @@ def _group_of(key: str) -> str:
     return key.split("/", 1)[0]
 
 
-def _speedup(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number if math.isfinite(number) and number > 0.0 else None
-
-
-def _flag_names(flags: Any) -> set[str]:
-    if not flags:
-        return set()
-    if isinstance(flags, str):
-        flags = [flags]
-    elif isinstance(flags, Mapping):
-        flags = [k for k, v in flags.items() if v]
-    try:
-        return {str(f).split(":", 1)[0].strip().lower() for f in flags}
-    except TypeError:
-        return {str(flags).strip().lower()}
-
-
 def _sample(item: ResultLike, penalised: frozenset[str]) -> _Sample:
     raw_status = _get(item, "status")
     if isinstance(raw_status, Status):
@@ -119,11 +96,11 @@ def _sample(item: ResultLike, penalised: frozenset[str]) -> _Sample:
     else:
         status = str(raw_status).strip().lower()
     ok = status == Status.CORRECT.value
-    if ok and penalised and _flag_names(_get(item, "flags")) & penalised:
+    if ok and penalised and flag_names(_get(item, "flags")) & penalised:
         ok = False
     stage = STATUS_ORDER.index(status) if status in STATUS_ORDER else -1
     key = task_key(item)
-    speedup = _speedup(_get(item, "speedup"))
+    speedup = valid_speedup(_get(item, "speedup"))
     return _Sample(task=key, group=_group_of(key), ok=ok, speedup=speedup, stage=stage)
 
 

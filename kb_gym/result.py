@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -100,3 +102,40 @@ def bound_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     head = limit // 4
     tail = limit - head - 40
     return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"
+
+
+def valid_speedup(value: Any) -> float | None:
+    """The speedup as a float if it is a usable measurement (finite and > 0), else ``None``."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(number) or number <= 0.0:
+        return None
+    return number
+
+
+def flag_names(flags: Any) -> set[str]:
+    """Normalise flags to lower-case names; ``"excessive_speedup: 40x"`` -> ``"excessive_speedup"``.
+
+    Accepts ``None``, one string, an iterable of anything, or a mapping (keys with truthy values).
+    """
+    if flags is None:
+        return set()
+    if isinstance(flags, str):
+        items: Iterable[Any] = [flags]
+    elif isinstance(flags, Mapping):
+        items = [key for key, value in flags.items() if value]
+    else:
+        try:
+            items = list(flags)
+        except TypeError:
+            items = [flags]
+    names = set()
+    for item in items:
+        name = str(item).split(":", 1)[0].strip().lower()
+        if name:
+            names.add(name)
+    return names

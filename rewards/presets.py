@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb_gym.result import EvalResult, Status
+from kb_gym.result import EvalResult, Status, flag_names, valid_speedup
 from kb_gym.rewards.registry import finite, register_reward
 
 DEFAULT_PENALISED_FLAGS: frozenset[str] = frozenset(
@@ -61,43 +61,6 @@ def result_status(result: Any) -> str:
 def is_correct(result: Any) -> bool:
     """The status is authoritative: correct means ``status == "correct"``."""
     return result_status(result) == Status.CORRECT.value
-
-
-def valid_speedup(value: Any) -> float | None:
-    """The speedup as a float if it is a usable measurement (finite and > 0), else ``None``."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if not math.isfinite(number) or number <= 0.0:
-        return None
-    return number
-
-
-def flag_names(flags: Any) -> set[str]:
-    """Normalise flags to lower-case names; ``"excessive_speedup: 40x"`` -> ``"excessive_speedup"``.
-
-    Accepts ``None``, one string, an iterable of anything, or a mapping (keys with truthy values).
-    """
-    if flags is None:
-        return set()
-    if isinstance(flags, str):
-        items: Iterable[Any] = [flags]
-    elif isinstance(flags, Mapping):
-        items = [key for key, value in flags.items() if value]
-    else:
-        try:
-            items = list(flags)
-        except TypeError:
-            items = [flags]
-    names = set()
-    for item in items:
-        name = str(item).split(":", 1)[0].strip().lower()
-        if name:
-            names.add(name)
-    return names
 
 
 def _penalised_set(penalised_flags: Iterable[str] | None) -> frozenset[str]:
