@@ -22,7 +22,7 @@ from kb_gym.baseline_cache import BaselineCache, baseline_key
 from kb_gym.config import EvalConfig
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
-from kb_gym.integrity import get_policy, static_findings
+from kb_gym.integrity import Finding, get_policy, static_findings
 from kb_gym.problems import Problem
 from kb_gym.result import EvalResult, Status
 from kb_gym.store import ResultsStore, default_results_path
@@ -156,28 +156,29 @@ class Evaluator:
 
     def evaluate_reference(self, problem: Problem, *, config: EvalConfig | None = None) -> EvalResult:
         """Time the baseline alone (no candidate) and store it in the baseline cache."""
-        return self._dispatch(problem, None, "", secrets.randbits(31), config or self.config).result()
+        return self._dispatch(problem, None, secrets.randbits(31), config or self.config, []).result()
 
     def submit(self, problem: Problem, text: str, *, seed: int | None = None,
                config: EvalConfig | None = None) -> Future:
         cfg = config or self.config
         started = time.perf_counter()
-        early = self._precheck(problem, text, cfg)
-        if early is not None:
-            early.stage_seconds["precheck"] = time.perf_counter() - started
-            self._finish(early, "", cfg)
+        checked = self._precheck(problem, text, cfg)
+        if isinstance(checked, EvalResult):
+            checked.stage_seconds["precheck"] = time.perf_counter() - started
+            self._finish(checked, "", cfg)
             future: Future = Future()
-            future.set_result(early)
+            future.set_result(checked)
             return future
-        source = extract_code(text).code
-        return self._dispatch(problem, source, text, seed if seed is not None else secrets.randbits(31), cfg)
+        source, findings = checked
+        return self._dispatch(problem, source, seed if seed is not None else secrets.randbits(31), cfg, findings)
 
     def _apply_policy(self, result: EvalResult, cfg: EvalConfig) -> None:
         policy = get_policy(cfg.integrity)
         result.integrity_policy = policy.name
         result.speed_credit = not any(policy.action(f) == "no_speed_credit" for f in result.flags)
 
-    def _precheck(self, problem: Problem, text: str, cfg: EvalConfig) -> EvalResult | None:
+    def _precheck(self, problem: Problem, text: str, cfg: EvalConfig) -> EvalResult | tuple[str, list[Finding]]:
+        """A verdict reached without a worker, or the extracted source and its static findings."""
         if not isinstance(text, str):
             return self._verdict(problem, "", Status.FORMAT_ERROR,
                                  f"the answer must be text, got {type(text).__name__}", cfg)
@@ -206,13 +207,14 @@ class Evaluator:
             result.findings = [f.to_dict() for f in findings]
             result.flags = sorted({f.flag for f in findings})
             return result
-        return None
+        return found.code, findings
 
     def _verdict(self, problem: Problem, source: str, status: Status, error: str, cfg: EvalConfig) -> EvalResult:
         return EvalResult(status=status.value, error=error, baseline=cfg.baseline, precision=cfg.precision,
                           **_problem_fields(problem), source_hash=_hash(source))
 
-    def _dispatch(self, problem: Problem, source: str | None, text: str, seed: int, cfg: EvalConfig) -> Future:
+    def _dispatch(self, problem: Problem, source: str | None, seed: int, cfg: EvalConfig,
+                  findings: list[Finding]) -> Future:
         if self._closed:
             raise RuntimeError("this Evaluator is closed")
         self.start()
@@ -222,7 +224,7 @@ class Evaluator:
         job = {"type": "eval", "job_id": job_id, "problem_code": problem.code, "problem_key": problem.key,
                "source": source, "seed": seed, "config": cfg.to_dict()}
         future: Future = Future()
-        self._queue.put((job, problem, cfg, future, time.perf_counter()))
+        self._queue.put((job, problem, cfg, findings, future, time.perf_counter()))
         return future
 
     def _serve(self, handle: WorkerHandle) -> None:
@@ -230,9 +232,9 @@ class Evaluator:
             item = self._queue.get()
             if item is None:
                 return
-            job, problem, cfg, future, queued = item
+            job, problem, cfg, findings, future, queued = item
             try:
-                result = self._run_on(handle, job, problem, cfg, queued)
+                result = self._run_on(handle, job, problem, cfg, findings, queued)
             except Exception as exc:  # noqa: BLE001 - the caller always gets a verdict, and it is recorded
                 result = self._verdict(problem, job.get("source") or "", Status.CRASH,
                                        f"evaluator error: {type(exc).__name__}: {exc}", cfg)
@@ -243,7 +245,7 @@ class Evaluator:
             future.set_result(result)
 
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
-                queued: float) -> EvalResult:
+                findings: list[Finding], queued: float) -> EvalResult:
         limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
         started = time.perf_counter()
         try:
@@ -268,8 +270,7 @@ class Evaluator:
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])
-        if job["source"] is not None:
-            findings = static_findings(job["source"])  # notes and speed-credit flags; rejections never get here
+        if findings:  # notes and speed-credit flags; rejections never reach a worker
             result.findings = [f.to_dict() for f in findings]
             result.flags = sorted(set(result.flags) | {f.flag for f in findings})
         self._record_baseline(problem, cfg, result)
