@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -47,7 +47,6 @@ class EvalConfig:
     memory_limit_mb: int = 32_000
     max_source_chars: int = 200_000
     integrity: str = "strict"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -247,6 +247,7 @@ class Evaluator:
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
                 findings: list[Finding], queued: float) -> EvalResult:
         limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
+        job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if job["source"] is not None else None
         started = time.perf_counter()
         try:
             raw = handle.run(job, limits, cfg.memory_limit_mb)
@@ -254,6 +255,7 @@ class Evaluator:
             raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
         log_tail = raw.pop("log_tail", "")
         known = {k: raw[k] for k in ("status", "compiled", "correct", "speedup", "speedup_ci", "runtime_ms",
+                                     "baseline_cached",
                                      "runtime_ci_ms", "ref_runtime_ms", "ref_runtime_ci_ms", "timing_reps",
                                      "backend", "flags", "error", "correctness", "custom_kernel_launches",
                                      "stage_seconds") if k in raw}
@@ -277,8 +279,22 @@ class Evaluator:
         self._finish(result, log_tail, cfg)
         return result
 
+    def _cached_baseline(self, handle: WorkerHandle, problem: Problem, cfg: EvalConfig) -> dict | None:
+        """The cached baseline timing for this problem on this worker's hardware, when asked for.
+
+        Known only once the worker has reported its fingerprint: a fresh worker's first job times
+        the baseline interleaved (and fills the cache)."""
+        hardware = handle.info.get("hardware", {}).get("hash") if handle.alive else None
+        if not (cfg.reuse_cached_baseline and self.baselines is not None and hardware):
+            return None
+        entry = self.baselines.get(baseline_key(problem.code_hash, cfg.precision, cfg.baseline, hardware))
+        if not entry or not entry.get("ref_runtime_ms") or not entry.get("ref_runtime_ci_ms"):
+            return None
+        return {"ref_runtime_ms": entry["ref_runtime_ms"], "ref_runtime_ci_ms": entry["ref_runtime_ci_ms"]}
+
     def _record_baseline(self, problem: Problem, cfg: EvalConfig, result: EvalResult) -> None:
-        if self.baselines is None or result.ref_runtime_ms is None or not result.hardware.get("hash"):
+        if (self.baselines is None or result.ref_runtime_ms is None or result.baseline_cached
+                or not result.hardware.get("hash")):
             return
         key = baseline_key(problem.code_hash, cfg.precision, cfg.baseline, result.hardware["hash"])
         try:

@@ -58,6 +58,7 @@ class EvalResult:
     ref_runtime_ci_ms: list[float] | None = None
     timing_reps: int = 0
     baseline: str = "eager"
+    baseline_cached: bool = False
     precision: str = "fp32"
     backend: str = "unknown"
     device: str = ""

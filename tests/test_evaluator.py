@@ -287,3 +287,32 @@ def test_config_validation():
     assert EvalConfig().tolerances == (1e-4, 1e-4)
     with pytest.raises(ValueError, match="strict"):
         EvalConfig(integrity="lenient")
+
+
+def test_cached_baseline_times_only_the_candidate(tmp_path, relu):
+    from kb_gym.baseline_cache import BaselineCache
+
+    cache = BaselineCache(tmp_path / "baselines.json")
+    with Evaluator("cpu", results_path=False, baseline_cache=cache, reuse_cached_baseline=True, trials=2,
+                   timing_min_reps=3, timing_max_reps=6, timing_warmup=1) as ev:
+        first = ev.evaluate(relu, as_candidate(relu))  # fresh worker: interleaved, fills the cache
+        assert first.status == "correct" and not first.baseline_cached and len(cache) == 1
+        second = ev.evaluate(relu, as_candidate(relu))
+        assert second.status == "correct" and second.baseline_cached
+        assert second.ref_runtime_ms == first.ref_runtime_ms  # the cached median, not a new one
+        assert second.speedup == pytest.approx(first.ref_runtime_ms / second.runtime_ms)
+        lo, hi = second.speedup_ci
+        assert lo <= second.speedup <= hi
+        # timed outputs are still checked against the reference's outputs
+        stale = '''
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+    def forward(self, x):
+        self.calls += 1
+        return torch.relu(x) if self.calls <= 3 else torch.relu(x) * 0.5
+'''
+        wrong = ev.evaluate(relu, stale)
+        assert wrong.status == "incorrect" and "timing_mismatch" in wrong.flags

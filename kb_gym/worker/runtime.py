@@ -425,8 +425,15 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     input_sets = [_make_inputs(ref_mod, seed + 1000 + k, ctx.device, dtype)
                   for k in range(max(1, int(cfg["timing_input_sets"])))]
 
-    def check(cand_out: Any, ref_out: Any) -> str | None:
-        cmp = compare_outputs(cand_out, ref_out, atol, rtol)
+    cached = job.get("cached_baseline")
+    ref_outputs: list[Any] = []
+    if cached and cand_fn is not None:
+        # Baseline taken from the cache: its outputs, computed once untimed, still check every timed call.
+        with torch.no_grad():
+            ref_outputs = [ref_model(*_clone_inputs(s)) for s in input_sets]
+
+    def check(cand_out: Any, ref_out: Any, k: int) -> str | None:
+        cmp = compare_outputs(cand_out, ref_out if ref_out is not None else ref_outputs[k], atol, rtol)
         return None if cmp.ok else cmp.reason
 
     def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -437,7 +444,8 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
 
     try:
         timing = ctx.timer.time_pair(
-            no_grad(baseline_fn), no_grad(cand_fn) if cand_fn is not None else None, input_sets,
+            None if ref_outputs else no_grad(baseline_fn), no_grad(cand_fn) if cand_fn is not None else None,
+            input_sets,
             _clone_inputs, check if cfg["check_timed_outputs"] else None,
             warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
@@ -451,7 +459,11 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
                       error=f"outputs produced while timing differ from the reference ({timing.mismatch})")
         result["flags"].append("timing_mismatch")
         return
-    result.update(timing.summary())
+    if ref_outputs:
+        result.update(timing.summary(cached_ref=(cached["ref_runtime_ms"], *cached["ref_runtime_ci_ms"])))
+        result["baseline_cached"] = True
+    else:
+        result.update(timing.summary())
     if timing.side_stream:
         result["flags"].append("side_stream")
     floor = state.get("floor_ms")

@@ -68,14 +68,18 @@ class TimingResult:
     mismatch: str | None = None
     seconds: float = 0.0
 
-    def summary(self) -> dict[str, Any]:
-        ref_med, ref_lo, ref_hi = median_ci(self.ref_ms)
+    def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
+        """Medians and intervals; ``cached_ref`` (median, low, high) stands in for an untimed baseline."""
+        ref_med, ref_lo, ref_hi = cached_ref or median_ci(self.ref_ms)
         out: dict[str, Any] = {"ref_runtime_ms": ref_med, "ref_runtime_ci_ms": [ref_lo, ref_hi],
                                "timing_reps": self.reps}
         if self.cand_ms:
             med, lo, hi = median_ci(self.cand_ms)
-            ratios = [r / c for r, c in zip(self.ref_ms, self.cand_ms, strict=False) if c > 0]
-            _, s_lo, s_hi = median_ci(ratios)
+            if self.ref_ms:
+                ratios = [r / c for r, c in zip(self.ref_ms, self.cand_ms, strict=False) if c > 0]
+                _, s_lo, s_hi = median_ci(ratios)
+            else:  # cached baseline: the interval comes from both medians' intervals
+                s_lo, s_hi = (ref_lo / hi if hi > 0 else math.nan), (ref_hi / lo if lo > 0 else math.nan)
             out.update(runtime_ms=med, runtime_ci_ms=[lo, hi],
                        speedup=(ref_med / med) if med > 0 else None, speedup_ci=[s_lo, s_hi])
         return out
@@ -105,37 +109,41 @@ class Timer:
         host = (_perf_counter() - t0) * 1e3
         return out, host, host
 
-    def time_pair(self, ref_fn: Callable[..., Any], cand_fn: Callable[..., Any] | None,
+    def time_pair(self, ref_fn: Callable[..., Any] | None, cand_fn: Callable[..., Any] | None,
                   input_sets: list[list[Any]], clone: Callable[[list[Any]], list[Any]],
-                  check: Callable[[Any, Any], str | None] | None, *, warmup: int, min_reps: int,
+                  check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int,
                   max_reps: int, target_rel_ci: float, max_seconds: float) -> TimingResult:
         """Interleave baseline and candidate calls (alternating which goes first) until the
-        speedup's interval is tight enough, the repetition cap, or the time budget."""
+        speedup's interval is tight enough, the repetition cap, or the time budget.
+
+        Either side may be None: baseline-only jobs fill the cache; candidate-only jobs compare
+        against a cached baseline. ``check(cand_out, ref_out, input_set_index)`` sees every timed
+        candidate output (``ref_out`` is None when the baseline is not timed).
+        """
         began = _perf_counter()
+        sides = [(ref_fn, TimingSamples()), (cand_fn, TimingSamples())]
+        ref, cand = sides[0][1], sides[1][1]
         for i in range(warmup):
-            inputs = input_sets[i % len(input_sets)]
-            self.call(ref_fn, clone(inputs))
-            if cand_fn is not None:
-                self.call(cand_fn, clone(inputs))
-        ref, cand = TimingSamples(), TimingSamples()
+            for fn, _ in sides:
+                if fn is not None:
+                    self.call(fn, clone(input_sets[i % len(input_sets)]))
         mismatch = None
         reps = 0
         deadline = began + max_seconds
         for i in range(max_reps):
-            inputs = input_sets[i % len(input_sets)]
-            ref_first = i % 2 == 0 or cand_fn is None
-            if ref_first:
-                ref_out = self._timed(ref_fn, clone(inputs), ref)
-            cand_out = self._timed(cand_fn, clone(inputs), cand) if cand_fn is not None else None
-            if not ref_first:
-                ref_out = self._timed(ref_fn, clone(inputs), ref)
+            k = i % len(input_sets)
+            outs: list[Any] = [None, None]
+            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                fn, samples = sides[side]
+                if fn is not None:
+                    outs[side] = self._timed(fn, clone(input_sets[k]), samples)
             reps += 1
             if check is not None and cand_fn is not None:
-                mismatch = check(cand_out, ref_out)
+                mismatch = check(outs[1], outs[0], k)
                 if mismatch:
                     mismatch = f"timing call {i + 1}: {mismatch}"
                     break
-            del ref_out, cand_out
+            del outs
             if reps >= min_reps and (reps % 5 == 0 or _perf_counter() > deadline):
                 if _perf_counter() > deadline or self._tight(ref, cand, target_rel_ci):
                     break
@@ -151,17 +159,22 @@ class Timer:
 
     @staticmethod
     def _tight(ref: TimingSamples, cand: TimingSamples, target: float) -> bool:
-        if not cand.event_ms:
-            med, lo, hi = median_ci(ref.event_ms)
+        if not cand.event_ms or not ref.event_ms:
+            med, lo, hi = median_ci(ref.event_ms or cand.event_ms)
             return med > 0 and (hi - lo) / 2 <= target * med
         ratios = [r / c for r, c in zip(ref.event_ms, cand.event_ms, strict=False) if c > 0]
         med, lo, hi = median_ci(ratios)
         return med > 0 and (hi - lo) / 2 <= target * med
 
+    @staticmethod
+    def _gap(samples: TimingSamples) -> float:
+        return median_ci([h - e for h, e in zip(samples.host_ms, samples.event_ms, strict=False)])[0]
+
     def _side_stream(self, ref: TimingSamples, cand: TimingSamples) -> bool:
         if not self.is_cuda or not cand.event_ms:
             return False
-        ref_gap = median_ci([h - e for h, e in zip(ref.host_ms, ref.event_ms, strict=False)])[0]
-        cand_gap = median_ci([h - e for h, e in zip(cand.host_ms, cand.event_ms, strict=False)])[0]
+        # Without a timed baseline (cached), its host-minus-event gap is taken as zero.
+        ref_gap = self._gap(ref) if ref.event_ms else 0.0
+        cand_gap = self._gap(cand)
         cand_event = median_ci(cand.event_ms)[0]
         return cand_gap - ref_gap > max(0.05, 0.5 * cand_event)
