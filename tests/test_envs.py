@@ -456,3 +456,27 @@ def test_gpu_episode_and_concurrent_vector_env():
         _, rewards, terms, _, infos = envs.step([COMPLETION] * n)
         assert list(infos["status"]) == ["correct"] * n and terms.all()
         envs.close()
+
+
+def test_wrong_then_fixed_then_faster(evaluator):
+    """The multi-turn loop a policy learns from: a wrong kernel, then a correct but slow one (tiny
+    blocks: many more program instances), then the same kernel with large blocks, which is faster."""
+    slow = SOLUTION.replace("block = 1024", "block = 64")
+    # kevin (0.3 * correct + speedup) is not clipped below, so the interpreter's tiny speedups still
+    # rank; the default preset clips log2(speedup) at -1 and would pay both correct turns the same.
+    env = make(evaluator=evaluator, max_turns=3, target_speedup=float("inf"), reward_mode="improvement",
+               reward="kevin")
+    try:
+        env.reset(seed=0, options=RELU)
+        _, r1, _, _, info1 = env.step(WRONG_RELU)
+        assert info1["status"] == "incorrect"
+        obs, r2, _, _, info2 = env.step(slow)
+        assert info2["status"] == "correct" and "speedup" in obs["feedback"]
+        _, r3, term, trunc, info3 = env.step(SOLUTION)
+        assert info3["status"] == "correct"
+        assert info3["speedup"] > info2["speedup"] * 2, (info2["speedup"], info3["speedup"])
+        assert info3["best_speedup"] == info3["speedup"]
+        assert r2 > 0 and r3 > 0  # each turn improved on the best so far
+        assert trunc and not term
+    finally:
+        env.close()
