@@ -267,7 +267,8 @@ class Evaluator:
                             hardware=dict(handle.info.get("hardware", {})),
                             worker={"pid": handle.info.get("pid"), "restarts": handle.restarts,
                                     "pid_namespace": handle.info.get("pid_namespace", False),
-                                    "network_namespace": handle.info.get("network_namespace", False)})
+                                    "network_namespace": handle.info.get("network_namespace", False),
+                                    "landlock": handle.info.get("sandbox", {}).get("landlock", 0)})
         result.stage_seconds["queue"] = started - queued
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):

@@ -37,6 +37,31 @@ def _limits() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
 
 
+def _confine_writes(scratch: Path, device: str) -> dict:
+    """Landlock the worker to writing in its scratch folder, the extension build cache and /dev.
+
+    KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on for CPU workers; GPU workers stay off
+    by default until the CUDA stack under Landlock has been checked on every supported GPU image.
+    """
+    mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
+    if mode in ("0", "off") or (mode == "auto" and device != "cpu"):
+        return {"landlock": 0}
+    from kb_gym.worker.landlock import restrict_writes
+
+    caches = {"TMPDIR": scratch / "tmp", "TRITON_CACHE_DIR": scratch / "triton",
+              "TORCHINDUCTOR_CACHE_DIR": scratch / "inductor", "CUDA_CACHE_PATH": scratch / "nv"}
+    for name, path in caches.items():
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    tempfile.tempdir = str(caches["TMPDIR"])
+    extensions = os.environ.get("KB_GYM_EXTENSIONS_DIR")
+    writable = [str(scratch), "/dev"]
+    if extensions:
+        Path(extensions).mkdir(parents=True, exist_ok=True)
+        writable.append(extensions)
+    return restrict_writes(writable)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kb_gym.worker")
     parser.add_argument("--device", required=True)
@@ -52,6 +77,8 @@ def main() -> None:
     started = time.perf_counter()
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
+    sandbox = _confine_writes(scratch, args.device)
     import torch  # noqa: F401 - import cost belongs to start-up, not the first evaluation
 
     from kb_gym.hardware import fingerprint
@@ -59,9 +86,8 @@ def main() -> None:
 
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
-    scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
     ctx = WorkerContext(args.device, scratch, send)
-    send({"type": "ready", "pid": os.getpid(), "scratch": str(scratch),
+    send({"type": "ready", "pid": os.getpid(), "scratch": str(scratch), "sandbox": sandbox,
           "startup_seconds": time.perf_counter() - started, "hardware": fingerprint(args.device)})
     reader = MessageReader(proto_in)
     while True:

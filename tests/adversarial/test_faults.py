@@ -155,3 +155,41 @@ def test_scratch_folder_is_the_working_directory(ev, relu):
                "assert 'kb_gym_worker_' in os.getcwd(), os.getcwd()\nopen('scratch_file.txt', 'w').write('ok')")
     r = ev.evaluate(relu, candidate(prelude))
     assert r.status == "correct", r.error
+
+
+landlock = pytest.mark.skipif(not __import__("kb_gym.worker.landlock", fromlist=["abi_version"]).abi_version(),
+                              reason="Landlock is not available on this kernel")
+
+
+@landlock
+def test_writing_outside_the_scratch_folder_is_refused(ev, relu, tmp_path):
+    target = tmp_path / "escaped.txt"
+    r = ev.evaluate(relu, candidate(f"open({str(target)!r}, 'w').write('x')"))
+    assert r.status == "compile_error" and "Permission denied" in r.error
+    assert not target.exists()
+    assert r.worker["landlock"] >= 1
+    inside = ev.evaluate(relu, candidate("open('inside.txt', 'w').write('ok')\n"
+                                         "import tempfile\ntempfile.NamedTemporaryFile().write(b'ok')"))
+    assert inside.status == "correct", inside.error
+
+
+@landlock
+def test_without_namespaces_landlock_still_guards_signals_and_network(relu, monkeypatch):
+    from kb_gym import sandbox
+    from kb_gym.worker.landlock import abi_version
+
+    if abi_version() < 6:
+        pytest.skip("signal scoping needs Landlock ABI 6")
+    monkeypatch.setattr(sandbox, "namespace_prefix", lambda: ())
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    me = os.getpid()
+    with Evaluator("cpu", config=FAST, results_path=False) as plain:
+        killer = plain.evaluate(relu, candidate(f"import signal\nos.kill({me}, signal.SIGTERM)"))
+        dialer = plain.evaluate(relu, candidate(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)"))
+        assert not killer.worker["pid_namespace"] and killer.worker["landlock"] >= 6
+    server.close()
+    assert killer.status == "compile_error" and "Permission" in killer.error  # and we are still here
+    assert dialer.status == "compile_error" and "Permission" in dialer.error
