@@ -179,7 +179,7 @@ class WorkerHandle:
             try:
                 msg = self.reader.read(min(POLL_SECONDS, remaining))
             except ProtocolError as exc:
-                code = self.proc.poll() if self.proc else None
+                code = self._exit_code()
                 why = f"the worker process died (exit code {code})" if code is not None else str(exc)
                 return self._fail("crash", f"{why} during the {stage} stage", mark, stage)
             if msg is None:
@@ -197,6 +197,15 @@ class WorkerHandle:
                 if msg.get("restart"):
                     self.kill()
                 return msg
+
+    def _exit_code(self) -> int | None:
+        """The worker's exit status; its pipe closes a moment before the kernel reports the exit."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _fail(self, status: str, error: str, mark: int, stage: str) -> dict[str, Any]:
         log = self.drain.text_since(mark) if self.drain else ""

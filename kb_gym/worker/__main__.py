@@ -81,12 +81,14 @@ def main() -> None:
     sandbox = _confine_writes(scratch, args.device)
     import torch  # noqa: F401 - import cost belongs to start-up, not the first evaluation
 
+    from kb_gym.config import EvalConfig
     from kb_gym.hardware import fingerprint
-    from kb_gym.worker.runtime import WorkerContext, run_job
+    from kb_gym.worker.runtime import WorkerContext, run_job, warm_up
 
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
     ctx = WorkerContext(args.device, scratch, send)
+    warm_up(ctx, EvalConfig().to_dict())
     send({"type": "ready", "pid": os.getpid(), "scratch": str(scratch), "sandbox": sandbox,
           "startup_seconds": time.perf_counter() - started, "hardware": fingerprint(args.device)})
     reader = MessageReader(proto_in)
