@@ -8,6 +8,7 @@ never imports candidate code.
 from __future__ import annotations
 
 import ast
+import atexit
 import hashlib
 import os
 import queue
@@ -326,20 +327,17 @@ def _as_completed(futures: list[Future]) -> Iterable[Future]:
     return as_completed(futures)
 
 
-_default: Evaluator | None = None
-_default_lock = threading.Lock()
+_shared: dict[tuple[str, ...], Evaluator] = {}
+_shared_lock = threading.Lock()
 
 
 def evaluate(problem: Problem, text: str, device: str = "auto", **overrides: Any) -> EvalResult:
-    """One-shot evaluation through a shared, lazily started Evaluator for ``device``."""
-    global _default
-    with _default_lock:
-        if _default is None or _default.devices != resolve_devices(device) or overrides:
-            if _default is not None and not overrides:
-                _default.close()
-            if overrides:
-                with Evaluator(device, **overrides) as ev:
-                    return ev.evaluate(problem, text)
-            _default = Evaluator(device)
-        ev = _default
-    return ev.evaluate(problem, text)
+    """One-shot evaluation through a shared, lazily started Evaluator per device set; keyword
+    overrides (``trials=3``, ``baseline="compile"``) apply to this call only."""
+    devices = tuple(resolve_devices(device))
+    with _shared_lock:
+        ev = _shared.get(devices)
+        if ev is None:
+            ev = _shared[devices] = Evaluator(list(devices))
+            atexit.register(ev.close)
+    return ev.evaluate(problem, text, config=ev.config.replace(**overrides) if overrides else None)

@@ -316,3 +316,14 @@ class ModelNew(torch.nn.Module):
 '''
         wrong = ev.evaluate(relu, stale)
         assert wrong.status == "incorrect" and "timing_mismatch" in wrong.flags
+
+
+def test_one_shot_evaluate_shares_a_worker(relu):
+    import kb_gym
+    from kb_gym.evaluator import _shared
+
+    first = kb_gym.evaluate(relu, as_candidate(relu), device="cpu", timing=False, trials=1)
+    second = kb_gym.evaluate(relu, as_candidate(relu), device="cpu", timing=False, trials=1)
+    assert first.status == second.status == "correct" and first.runtime_ms is None
+    assert first.worker["pid"] == second.worker["pid"] and ("cpu",) in _shared
+    _shared.pop(("cpu",)).close()
