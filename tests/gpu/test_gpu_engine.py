@@ -270,3 +270,28 @@ def test_faster_than_the_speed_of_light_is_flagged(ev):
     assert "excessive_speedup" in r.flags, (r.runtime_ms, r.correctness)
     honest = ev.evaluate(problem, ALWAYS_ONES_PROBLEM.replace("class Model(", "class ModelNew("))
     assert "excessive_speedup" not in honest.flags
+
+
+UNINITIALISED_OUTPUT = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def touch(x_ptr, BLOCK: tl.constexpr):
+    pass
+
+class ModelNew(nn.Module):
+    """Computes nothing: hopes the allocator hands back memory holding the reference's answer."""
+    def forward(self, x):
+        touch[(1,)](x, BLOCK=16)
+        return torch.empty_like(x)
+'''
+
+
+def test_stale_memory_cannot_pass_for_an_answer(ev, relu):
+    # The candidate runs before the reference in every trial, and the baseline's output stays
+    # alive while the candidate runs during timing: freed memory never holds this call's answer.
+    r = ev.evaluate(relu, UNINITIALISED_OUTPUT)
+    assert r.status == "incorrect", (r.status, r.error)
