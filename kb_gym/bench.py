@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_gym.evaluator import Evaluator
-from kb_gym.problems import Problem, get_problem, load_problems
+from kb_gym.problems import get_problem, load_problems, reference_as_candidate
 
 KERNELS = Path(__file__).resolve().parent / "bench_kernels"
 SELF_CHECK = ["level1/19_ReLU", "level1/23_Softmax", "level1/30_Softsign", "level1/36_RMSNorm_",
@@ -25,10 +25,6 @@ SELF_CHECK = ["level1/19_ReLU", "level1/23_Softmax", "level1/30_Softsign", "leve
               "level2/76_Gemm_Add_ReLU", "level2/81_Gemm_Swish_Divide_Clamp_Tanh_Clamp"]
 FAST_PROBLEM = "level1/30_Softsign"
 FAST_KERNELS = {"triton": "softsign_triton.py", "cuda": "softsign_cuda.py"}
-
-
-def _as_candidate(problem: Problem) -> str:
-    return problem.code.replace("class Model(", "class ModelNew(").replace("super(Model, self)", "super()")
 
 
 def _row(name: str, kind: str, r: Any, wall: float) -> dict[str, Any]:
@@ -49,7 +45,7 @@ def run_bench(dataset: str = "official", device: str = "auto", out: str | None =
         for key in problems or SELF_CHECK:
             problem = get_problem(all_problems, name=key)
             t0 = time.perf_counter()
-            r = ev.evaluate(problem, _as_candidate(problem))
+            r = ev.evaluate(problem, reference_as_candidate(problem))
             report["self_check"].append(_row(key, "reference", r, time.perf_counter() - t0))
             report["hardware"] = r.hardware
             _progress(report["self_check"][-1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kb_gym.problems import BUILTIN_DIR, Problem, get_problem, load_problems
+from kb_gym.problems import BUILTIN_DIR, Problem, get_problem, load_problems, reference_as_candidate
 
 WRONG_RELU = '''
 import torch
@@ -44,17 +44,13 @@ def _solution(problem: Problem) -> str:
     return (BUILTIN_DIR / "solutions" / f"level{problem.level}" / f"{problem.name}.py").read_text()
 
 
-def _torch_copy(problem: Problem) -> str:
-    return problem.code.replace("class Model(", "class ModelNew(")
-
-
 # Scripted episodes: (problem, max_turns, [(label, source-maker), ...]). The first episode shows the
 # multi-turn loop: a syntax error, then a wrong kernel, then a correct one, each after feedback.
 def demo_episodes() -> list[tuple[str, int, list[tuple[str, Callable[[Problem], str]]]]]:
     return [
         ("level1/1_ReLU", 3, [("syntax error", lambda p: BROKEN), ("Triton, wrong (leaky)", lambda p: WRONG_RELU),
                               ("Triton, correct", _solution)]),
-        ("level1/1_ReLU", 1, [("plain PyTorch copy", _torch_copy)]),
+        ("level1/1_ReLU", 1, [("plain PyTorch copy", reference_as_candidate)]),
         ("level1/3_RowSoftmax", 1, [("Triton, correct", _solution)]),
         ("level2/1_LinearBiasReLUScale", 1, [("Triton fused epilogue", _solution)]),
     ]

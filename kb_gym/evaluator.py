@@ -149,9 +149,11 @@ class Evaluator:
         """Evaluate many candidates concurrently across the devices; results in input order."""
         futures = [self.submit(p, s, config=config) for p, s in pairs]
         if progress:
+            from concurrent.futures import as_completed
+
             from tqdm.auto import tqdm
 
-            for _ in tqdm(_as_completed(futures), total=len(futures), desc="evaluating", disable=None):
+            for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluating", disable=None):
                 pass
         return [f.result() for f in futures]
 
@@ -319,12 +321,6 @@ def _problem_fields(problem: Problem) -> dict[str, Any]:
 
 def _hash(source: str) -> str:
     return hashlib.sha256(source.encode(errors="replace")).hexdigest()[:16]
-
-
-def _as_completed(futures: list[Future]) -> Iterable[Future]:
-    from concurrent.futures import as_completed
-
-    return as_completed(futures)
 
 
 _shared: dict[tuple[str, ...], Evaluator] = {}

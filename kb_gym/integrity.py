@@ -1043,17 +1043,22 @@ class _Structure:
                 continue
             stack.extend(ast.iter_child_nodes(node))
 
+    def _name_refs(self, name: str, out: set[str], *, classes: bool = False, extensions: bool = False) -> None:
+        """What a bare name (or a string naming one, as in getattr) may refer to."""
+        if f"f:{name}" in self.func_defs:
+            out.add(f"f:{name}")
+        if classes and name in self.class_defs:
+            out.add(f"c:{name}")
+        if extensions and name in self.ext_funcs:
+            out.add(f"x:{name}")
+        if name in self.module_vars:
+            out.add(f"v:{name}")
+
     def node_refs(self, n: ast.AST, cls: str | None, self_name: str | None, out: set[str]) -> None:
         if isinstance(n, ast.Name):
             if not isinstance(n.ctx, ast.Load):
                 return
-            name = n.id
-            if f"f:{name}" in self.func_defs:
-                out.add(f"f:{name}")
-            if name in self.class_defs:
-                out.add(f"c:{name}")
-            if name in self.module_vars:
-                out.add(f"v:{name}")
+            self._name_refs(n.id, out, classes=True)
         elif isinstance(n, ast.Attribute):
             if not isinstance(n.ctx, ast.Load):
                 return
@@ -1080,15 +1085,9 @@ class _Structure:
             elif f"f:{n.name}" in self.func_defs:
                 out.add(f"f:{n.name}")
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
-            text = n.value
-            if f"f:{text}" in self.func_defs:
-                out.add(f"f:{text}")
-            if text in self.ext_funcs:
-                out.add(f"x:{text}")
-            if text in self.module_vars:
-                out.add(f"v:{text}")
+            self._name_refs(n.value, out, extensions=True)
             if cls:
-                out.update(self.lookup(cls, text))
+                out.update(self.lookup(cls, n.value))
 
     def _propagate(self) -> None:
         reverse: dict[str, set[str]] = {}

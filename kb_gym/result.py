@@ -26,9 +26,6 @@ class Status(StrEnum):
     INCORRECT = "incorrect"
     CORRECT = "correct"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 STATUS_ORDER: tuple[str, ...] = tuple(s.value for s in Status)
 

@@ -47,6 +47,11 @@ class Problem:
                    code=str(data["code"]), source=str(data.get("source", "")))
 
 
+def reference_as_candidate(problem: Problem) -> str:
+    """The reference itself submitted as ``ModelNew``: the baseline for self-checks and demos."""
+    return problem.code.replace("class Model(", "class ModelNew(").replace("super(Model, self)", "super()")
+
+
 def id_from_name(name: str) -> int | None:
     head = name.split("_", 1)[0]
     return int(head) if head.isdigit() else None

@@ -6,7 +6,7 @@ that patches ``torch.allclose`` later does not change what this module calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,8 +14,6 @@ import torch
 _isclose = torch.isclose
 _isnan = torch.isnan
 _isfinite = torch.isfinite
-_where = torch.where
-_zeros_like = torch.zeros_like
 
 
 class OutputFormatError(TypeError):
@@ -43,7 +41,6 @@ class Comparison:
     max_rel_err: float = 0.0
     mismatch_fraction: float = 0.0
     degenerate: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
