@@ -8,12 +8,19 @@ the tolerance cannot tell apart from a shortcut; the correctness check flags suc
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+from concurrent.futures import as_completed
+from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from kb_gym.config import EvalConfig
 from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
+from kb_gym.result import EvalResult
 
 _MAP = '''
 
@@ -60,25 +67,50 @@ def trivial_candidate(problem: Problem, kind: str) -> str:
 
 
 def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None = None, device: str = "auto",
-              trials: int = 3, kinds: Sequence[str] = tuple(TRIVIAL), progress: bool = True) -> list[dict[str, Any]]:
+              trials: int = 3, kinds: Sequence[str] = tuple(TRIVIAL), progress: bool = True,
+              out: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """One row per problem, in dataset order. With ``out`` (JSONL), each row is appended as soon as its
+    problem is done and problems already in the file are not run again: a long audit can be stopped
+    and resumed."""
     problems = load_problems(dataset, level=level)
+    done: dict[str, dict[str, Any]] = {}
+    if out and Path(out).exists():
+        for line in Path(out).read_text().splitlines():
+            try:
+                row = json.loads(line)
+                done[row["problem"]] = row
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a stopped run: that problem runs again
+        Path(out).write_text("".join(json.dumps(row) + "\n" for row in done.values()))  # drop the cut line
+    todo = [p for p in problems if p.key not in done]
     cfg = EvalConfig(trials=trials, timing=False)
-    rows = []
     with Evaluator(device, config=cfg, results_path=False) as ev:
-        pairs = [(p, trivial_candidate(p, k)) for p in problems for k in kinds]
-        results = ev.evaluate_many(pairs, progress=progress)
-    for i, problem in enumerate(problems):
-        row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {}}
-        for j, kind in enumerate(kinds):
-            r = results[i * len(kinds) + j]
-            row[kind] = r.status
-            if r.status == "correct":
-                row["passed_by"].append(kind)
-            elif r.status not in ("incorrect",):
-                row["errors"][kind] = (r.error or "")[:200]
-            row["degenerate"] |= "degenerate_problem" in r.flags
-        rows.append(row)
-    return rows
+        futures = {ev.submit(p, trivial_candidate(p, k)): (p, k) for p in todo for k in kinds}
+        pending = {p.key: len(kinds) for p in todo}
+        results: dict[str, dict[str, EvalResult]] = {p.key: {} for p in todo}
+        for future in tqdm(as_completed(futures), total=len(futures), desc="auditing", disable=not progress or None):
+            problem, kind = futures[future]
+            results[problem.key][kind] = future.result()
+            pending[problem.key] -= 1
+            if pending[problem.key] == 0:
+                done[problem.key] = _row(problem, results.pop(problem.key), kinds)
+                if out:
+                    with open(out, "a") as fh:
+                        fh.write(json.dumps(done[problem.key]) + "\n")
+    return [done[p.key] for p in problems]
+
+
+def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {}}
+    for kind in kinds:
+        r = results[kind]
+        row[kind] = r.status
+        if r.status == "correct":
+            row["passed_by"].append(kind)
+        elif r.status != "incorrect":
+            row["errors"][kind] = (r.error or "")[:200]
+        row["degenerate"] |= "degenerate_problem" in r.flags
+    return row
 
 
 def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:

@@ -101,14 +101,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    import json
-
     from kb_gym.audit import format_audit, run_audit
 
-    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials)
+    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials, out=args.out)
     print(format_audit(rows))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
 
 
@@ -169,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.add_argument("--level", type=int, choices=(1, 2, 3))
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--out", default=None, help="JSONL of rows, appended as each problem finishes; problems "
+                                               "already in it are skipped (resume)")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")

@@ -11,6 +11,7 @@ import random
 import statistics
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,13 @@ def _gpu_used_mb() -> float | None:
         return None
 
 
+def _sample(ev: Evaluator, me: int) -> dict[str, Any]:
+    """Memory between evaluations: the evaluator, its workers (summed) and the device."""
+    pids = [w["pid"] for w in ev.worker_stats if w["pid"]]
+    return {"jobs": sum(w["jobs"] for w in ev.worker_stats), "evaluator_rss_mb": _rss_mb(me, children=False),
+            "worker_rss_mb": sum(_rss_mb(pid) for pid in pids) if pids else None, "gpu_used_mb": _gpu_used_mb()}
+
+
 def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed: int = 0,
              max_minutes: float = 60.0, out: str | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
@@ -82,11 +90,27 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
                      integrity="off")  # faults must reach the worker, not stop at the static checks
     stats: dict[str, Any] = {"n": 0, "faults": {}, "statuses": {}, "evaluator_exceptions": 0,
                              "samples": [], "walls": []}
-    deadline = time.monotonic() + max_minutes * 60
+    started = time.monotonic()
+    deadline = started + max_minutes * 60
     me = psutil.Process().pid
     with Evaluator(device, config=cfg, results_path=results_path) as ev:
         ev.warm()
         start_rss, start_gpu = _rss_mb(me, children=False), _gpu_used_mb()
+        in_flight: dict[Future, float] = {}  # one job per worker: a queue would inflate the walls
+
+        def settle() -> None:
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                t0 = in_flight.pop(future)
+                try:
+                    r = future.result()
+                    stats["statuses"][r.status] = stats["statuses"].get(r.status, 0) + 1
+                except Exception as exc:  # noqa: BLE001 - this is what the soak counts
+                    stats["evaluator_exceptions"] += 1
+                    stats.setdefault("exception_examples", []).append(repr(exc)[:300])
+                stats["walls"].append(time.perf_counter() - t0)
+                stats["n"] += 1
+
         for i in range(n):
             if time.monotonic() > deadline:
                 break
@@ -96,21 +120,25 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
                 stats["faults"][name] = stats["faults"].get(name, 0) + 1
             else:
                 problem, source = rng.choice(honest)
+            while len(in_flight) >= len(ev.devices):
+                settle()
             t0 = time.perf_counter()
             try:
-                r = ev.evaluate(problem, source)
-                stats["statuses"][r.status] = stats["statuses"].get(r.status, 0) + 1
-            except Exception as exc:  # noqa: BLE001 - this is what the soak counts
+                in_flight[ev.submit(problem, source)] = t0
+            except Exception as exc:  # noqa: BLE001
                 stats["evaluator_exceptions"] += 1
                 stats.setdefault("exception_examples", []).append(repr(exc)[:300])
-            stats["walls"].append(time.perf_counter() - t0)
-            stats["n"] += 1
-            if i % 50 == 0 or i == n - 1:
-                worker_pid = ev.worker_stats[0]["pid"]
-                stats["samples"].append({"i": i, "evaluator_rss_mb": _rss_mb(me, children=False),
-                                         "worker_rss_mb": _rss_mb(worker_pid) if worker_pid else None,
-                                         "gpu_used_mb": _gpu_used_mb()})
+                stats["n"] += 1
+            if i % 50 == 0:
+                while in_flight:  # memory is sampled between evaluations, with every worker idle
+                    settle()
+                stats["samples"].append(_sample(ev, me))
+        while in_flight:
+            settle()
+        stats["samples"].append(_sample(ev, me))
+        stats["elapsed_s"] = time.monotonic() - started
         stats["worker_restarts"] = sum(w["restarts"] for w in ev.worker_stats)
+        stats["workers"] = len(ev.devices)
     lines = sum(1 for _ in open(results_path))
     stats.update(results_recorded=lines, lost_results=stats["n"] - lines,
                  start_evaluator_rss_mb=start_rss, start_gpu_used_mb=start_gpu,
@@ -133,7 +161,7 @@ def format_soak(stats: dict[str, Any]) -> str:
         f"lost results: {stats['lost_results']} of {stats['n']} (must be 0)",
         f"worker restarts: {stats['worker_restarts']}",
         f"time per evaluation: median {stats['median_wall_s']:.3f}s, mean {stats['mean_wall_s']:.3f}s, "
-        f"total {stats['total_s']:.0f}s",
+        f"{stats['elapsed_s']:.0f}s elapsed on {stats['workers']} worker(s)",
         f"evaluator RSS: {first['evaluator_rss_mb']:.0f} MB at start -> {last['evaluator_rss_mb']:.0f} MB at end",
         f"worker RSS: {first['worker_rss_mb'] or 0:.0f} MB -> {last['worker_rss_mb'] or 0:.0f} MB "
         f"(max {max((s['worker_rss_mb'] or 0) for s in stats['samples']):.0f} MB)",

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md):
-#   the GPU-marked tests, `kb-gym demo`, `kb-gym bench` on the official problems and `kb-gym soak`.
-#   Usage: scripts/gpu_check.sh [all|tests|bench|demo|soak]  (tests = tests + demo; bench = bench + soak)
+# Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
+#   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
+#   PART: tests (GPU-marked pytest), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
+#   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
+#   another.
+#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
-# ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files).
+# ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
+# resumes from .device/audit.jsonl when one was carried (a copy of an earlier run's $OUT/audit.jsonl).
 # `python3 -P`: the repository root holds a kb_gym/ folder that would shadow the installed package.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -13,26 +18,50 @@ rm -rf "$SITE"  # a warm machine keeps the last install; pip --target would not 
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" . || exit 1
 export PYTHONPATH=$SITE KB_GYM_DATASET=$PWD/.device/kernelbench KB_GYM_CACHE=/tmp/kb_gym_cache
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-what=${1:-all}
+python3 -P -c "from kb_gym.worker.landlock import abi_version; print('landlock ABI', abi_version())"
+kb() { python3 -P -m kb_gym.cli "$@"; }
+
+part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status
+  case $1 in
+    tests) python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-} ;;
+    demo) kb demo ;;
+    bench) kb bench --out "$OUT/bench.json" ;;
+    soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
+            --out "$OUT/soak.json" ;;
+    audit) [ -f .device/audit.jsonl ] && cp .device/audit.jsonl "$OUT/audit.jsonl"
+           timeout "${AUDIT_SECONDS:-540}" python3 -P -m kb_gym.cli audit --dataset official \
+             ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "${AUDIT_DEVICE:-auto}" \
+             --out "$OUT/audit.jsonl" ;;
+    *) echo "unknown part $1"; return 2 ;;
+  esac
+}
+
 rc=0
-if [ "$what" = all ] || [ "$what" = tests ]; then
-  python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
-  rc=${PIPESTATUS[0]}
-fi
-if [ "$what" = all ] || [ "$what" = bench ]; then
-  python3 -P -m kb_gym.cli bench --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-fi
-if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = demo ]; then
-  python3 -P -m kb_gym.cli demo 2>&1 | tee "$OUT/demo.log"
-fi
-if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = soak ]; then
-  python3 -P -m kb_gym.cli soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-4}" --out "$OUT/soak.json" 2>&1 \
-    | tee "$OUT/soak.log"
-fi
+pids=()
+for spec in "${@:-tests demo bench soak}"; do
+  for item in $spec; do
+    names=${item%@*}
+    if [ "$item" != "$names" ]; then
+      (export CUDA_VISIBLE_DEVICES=${item#*@}; s=0
+       for name in ${names//+/ }; do part "$name" >"$OUT/$name.log" 2>&1 || s=1; done; exit $s) &
+      pids+=($!)
+    else
+      for name in ${names//+/ }; do
+        part "$name" 2>&1 | tee "$OUT/$name.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done
+    fi
+  done
+done
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+
 echo "== summary =="
-grep -E "passed|failed" "$OUT/gpu_tests.log" 2>/dev/null | tail -1
+grep -E "passed|failed" "$OUT/tests.log" 2>/dev/null | tail -1
+grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
 tail -n 12 "$OUT/bench.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
+[ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by" \
+  "$OUT/audit.log" | tail -40
 exit $rc

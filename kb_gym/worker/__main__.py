@@ -37,14 +37,15 @@ def _limits() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
 
 
-def _confine_writes(scratch: Path, device: str) -> dict:
+def _confine_writes(scratch: Path) -> dict:
     """Landlock the worker to writing in its scratch folder, the extension build cache and /dev.
 
-    KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on for CPU workers; GPU workers stay off
-    by default until the CUDA stack under Landlock has been checked on every supported GPU image.
+    KB_GYM_LANDLOCK: "1"/"auto" (default) on wherever the kernel has Landlock, "0" off (an escape
+    hatch for a GPU stack that must write somewhere else; the result's ``worker["landlock"]`` says 0).
+    CUDA, Triton, ``load_inline`` and ``torch.compile`` were checked under it on an H200
+    (tests/gpu/test_gpu_engine.py runs with it on).
     """
-    mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
-    if mode in ("0", "off") or (mode == "auto" and device != "cpu"):
+    if os.environ.get("KB_GYM_LANDLOCK", "auto").lower() in ("0", "off"):
         return {"landlock": 0}
     from kb_gym.worker.landlock import restrict_writes
 
@@ -78,7 +79,7 @@ def main() -> None:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
-    sandbox = _confine_writes(scratch, args.device)
+    sandbox = _confine_writes(scratch)
     import torch  # noqa: F401 - import cost belongs to start-up, not the first evaluation
 
     from kb_gym.config import EvalConfig

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kb_gym import Problem, get_problem, load_problems
 from kb_gym.audit import TRIVIAL, format_audit, run_audit
 
@@ -22,10 +24,13 @@ def get_init_inputs():
 '''
 
 
-def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes():
+def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes(tmp_path):
     relu = get_problem(load_problems("builtin"), name="level1/1_ReLU")
     tiny = Problem(id=99, name="99_TinySoftmax", level=1, code=TINY)
-    rows = run_audit([relu, tiny], device="cpu", trials=2, progress=False)
+    out = tmp_path / "audit.jsonl"
+    rows = run_audit([relu, tiny], device="cpu", trials=2, progress=False, out=out)
+    written = {r["problem"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert written == {r["problem"]: r for r in rows}  # every row reached the file, in completion order
     by_name = {r["problem"]: r for r in rows}
     assert set(by_name) == {"level1/1_ReLU", "level1/99_TinySoftmax"}
     for row in rows:
@@ -35,3 +40,15 @@ def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes():
     assert not by_name["level1/1_ReLU"]["degenerate"]
     text = format_audit(rows)
     assert "99_TinySoftmax" in text and "flagged degenerate: 1" in text
+
+
+def test_audit_resumes_from_its_jsonl_and_reruns_a_cut_line(tmp_path):
+    """Rows already written are kept as they are (not re-run); a half-written last line is re-run."""
+    problems = load_problems("builtin", level=1)[:2]
+    out = tmp_path / "audit.jsonl"
+    kept = {"problem": problems[0].key, "degenerate": False, "passed_by": ["sentinel"], "errors": {}}
+    out.write_text(json.dumps(kept) + "\n" + '{"problem": "' + problems[1].key + '", "degen')
+    rows = run_audit(problems, device="cpu", trials=1, kinds=("zeros",), progress=False, out=out)
+    assert rows[0] == kept
+    assert rows[1]["problem"] == problems[1].key and rows[1]["zeros"] == "incorrect"
+    assert json.loads(out.read_text().splitlines()[-1]) == rows[1]
