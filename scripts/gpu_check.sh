@@ -27,6 +27,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
   case $1 in
     tests) python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-} ;;
     demo) kb demo ;;
+    probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
@@ -60,6 +61,7 @@ for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
 echo "== summary =="
 grep -E "passed|failed" "$OUT/tests.log" 2>/dev/null | tail -1
 grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
+cat "$OUT/probe.log" 2>/dev/null
 tail -n 12 "$OUT/bench.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 [ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by" \

@@ -37,15 +37,15 @@ def _limits() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
 
 
-def _confine_writes(scratch: Path) -> dict:
+def _confine_writes(scratch: Path, cpu: bool) -> dict:
     """Landlock the worker to writing in its scratch folder, the extension build cache and /dev.
 
-    KB_GYM_LANDLOCK: "1"/"auto" (default) on wherever the kernel has Landlock, "0" off (an escape
-    hatch for a GPU stack that must write somewhere else; the result's ``worker["landlock"]`` says 0).
-    CUDA, Triton, ``load_inline`` and ``torch.compile`` were checked under it on an H200
-    (tests/gpu/test_gpu_engine.py runs with it on).
+    KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on for CPU workers only: on the H200 image
+    (driver 580, Landlock ABI 7) CUDA initialisation under the full ruleset fails with error 304;
+    scripts/gpu_landlock_probe.py narrows down which rule the driver trips over.
     """
-    if os.environ.get("KB_GYM_LANDLOCK", "auto").lower() in ("0", "off"):
+    mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
+    if mode in ("0", "off") or (mode == "auto" and not cpu):
         return {"landlock": 0}
     from kb_gym.worker.landlock import restrict_writes
 
@@ -79,7 +79,7 @@ def main() -> None:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     scratch = Path(tempfile.mkdtemp(prefix="kb_gym_worker_"))
-    sandbox = _confine_writes(scratch)
+    sandbox = _confine_writes(scratch, cpu=args.device == "cpu")
     import torch  # noqa: F401 - import cost belongs to start-up, not the first evaluation
 
     from kb_gym.config import EvalConfig

@@ -41,12 +41,13 @@ def abi_version() -> int:
     return max(0, int(version))
 
 
-def restrict_writes(writable: Iterable[str]) -> dict[str, object]:
+def restrict_writes(writable: Iterable[str], max_abi: int | None = None) -> dict[str, object]:
     """Allow writes only beneath ``writable``; returns what was enforced (``{"landlock": 0}`` if nothing).
 
+    ``max_abi`` caps the features used (e.g. 3: files only, no TCP or scope rules).
     Never raises: a kernel without Landlock leaves the process as it was, and the caller reports it.
     """
-    abi = abi_version()
+    abi = min(abi_version(), max_abi if max_abi is not None else 1 << 30)
     if abi < 1:
         return {"landlock": 0}
     libc = _libc()

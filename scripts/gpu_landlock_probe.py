@@ -1,0 +1,60 @@
+"""Which Landlock rules the CUDA stack tolerates: each variant confines a fresh process, then runs a
+CUDA tensor op, a Triton kernel and a cuBLAS matmul. Run on the GPU machine (scripts/gpu_check.sh probe).
+
+A variant prints `ok` or the first line of its error; `strace`, when the image has it, lists the
+calls the failing full ruleset refused.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+
+VARIANTS = {
+    "full (scratch, /dev)": ("[scratch, '/dev']", None),
+    "files only (ABI 3)": ("[scratch, '/dev']", 3),
+    "files + TCP (ABI 5)": ("[scratch, '/dev']", 5),
+    "full, writes allowed everywhere": ("['/']", None),
+    "full, + /tmp /run /var /proc /sys": ("[scratch, '/dev', '/tmp', '/run', '/var', '/proc', '/sys']", None),
+}
+
+CHILD = """
+import os, sys, tempfile
+from kb_gym.worker.landlock import restrict_writes
+scratch = tempfile.mkdtemp()
+os.environ['TRITON_CACHE_DIR'] = scratch + '/triton'; os.environ['TMPDIR'] = scratch
+print(restrict_writes({paths}, max_abi={abi}), file=sys.stderr)
+import torch
+x = torch.ones(256, 256, device='cuda')
+import triton, triton.language as tl
+@triton.jit
+def k(p, n: tl.constexpr):
+    o = tl.arange(0, n); tl.store(p + o, tl.load(p + o) * 2)
+y = torch.ones(1024, device='cuda'); k[(1,)](y, 1024)
+assert float(y.sum()) == 2048 and float((x @ x)[0, 0]) == 256
+print('ok')
+"""
+
+
+def main() -> int:
+    failing = None
+    for name, (paths, abi) in VARIANTS.items():
+        code = CHILD.format(paths=paths, abi=abi)
+        p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
+        last = (p.stdout.strip().splitlines() or [""])[-1]
+        err = [line for line in p.stderr.splitlines() if "Error" in line or "error" in line]
+        print(f"{name:<45} {'ok' if last == 'ok' else 'FAILS: ' + (err[-1] if err else p.stderr[-300:])[:200]}")
+        if last != "ok" and failing is None:
+            failing = code
+    if failing and subprocess.run(["which", "strace"], capture_output=True).returncode == 0:
+        log = tempfile.mktemp()
+        subprocess.run(["strace", "-f", "-o", log, sys.executable, "-P", "-c", failing], capture_output=True,
+                       timeout=300)
+        refused = [line.strip() for line in open(log) if "EACCES" in line or "EPERM" in line]
+        print("refused calls (strace):", *refused[:30], sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
