@@ -44,8 +44,21 @@ class ModelNew(Model):
     "constant": '''
 class ModelNew(Model):
     def forward(self, *args):
-        return _kb_map(super().forward(*args),
-                       lambda t: torch.full_like(t, t.float().mean().item()) if t.is_floating_point() else t)
+        out = super().forward(*args)  # for the shapes only
+        if "_means" not in self.__dict__:
+            # The reference's mean output on other inputs (seed 1234): a constant these inputs do not
+            # move, as a kernel that hard-codes the typical answer of a huge reduction would return.
+            torch.manual_seed(1234)
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            with torch.device(device):
+                other = [o.to(a.dtype) if isinstance(o, torch.Tensor) and isinstance(a, torch.Tensor) else o
+                         for o, a in zip(get_inputs(), args)]
+            means = []
+            _kb_map(super().forward(*other), lambda t: means.append(t.double().mean().item()))
+            self.__dict__["_means"] = means
+        means = iter(self.__dict__["_means"])
+        return _kb_map(out, lambda t: torch.full_like(t, next(means) if t.is_floating_point()
+                                                      else round(next(means))))
 ''',
     "bf16_reference": '''
 import copy
@@ -62,8 +75,16 @@ class ModelNew(Model):
 }
 
 
+# The control: the reference itself must pass everywhere, or the check (or the problem) is broken.
+CONTROL = "reference"
+_CONTROL_SOURCE = '''
+class ModelNew(Model):
+    pass
+'''
+
+
 def trivial_candidate(problem: Problem, kind: str) -> str:
-    return problem.code + "\nimport torch\n" + _MAP + TRIVIAL[kind]
+    return problem.code + "\nimport torch\n" + _MAP + (_CONTROL_SOURCE if kind == CONTROL else TRIVIAL[kind])
 
 
 def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None = None, device: str = "auto",
@@ -85,8 +106,9 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
     todo = [p for p in problems if p.key not in done]
     cfg = EvalConfig(trials=trials, timing=False)
     with Evaluator(device, config=cfg, results_path=False) as ev:
-        futures = {ev.submit(p, trivial_candidate(p, k)): (p, k) for p in todo for k in kinds}
-        pending = {p.key: len(kinds) for p in todo}
+        jobs = (*kinds, CONTROL)
+        futures = {ev.submit(p, trivial_candidate(p, k)): (p, k) for p in todo for k in jobs}
+        pending = {p.key: len(jobs) for p in todo}
         results: dict[str, dict[str, EvalResult]] = {p.key: {} for p in todo}
         for future in tqdm(as_completed(futures), total=len(futures), desc="auditing", disable=not progress or None):
             problem, kind = futures[future]
@@ -101,7 +123,11 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
 
 
 def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {}}
+    control = results[CONTROL]
+    row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {},
+                           CONTROL: control.status}
+    if control.status != "correct":
+        row["errors"][CONTROL] = (control.error or "")[:300]
     for kind in kinds:
         r = results[kind]
         row[kind] = r.status
@@ -110,20 +136,29 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
         elif r.status != "incorrect":
             row["errors"][kind] = (r.error or "")[:200]
         row["degenerate"] |= "degenerate_problem" in r.flags
+    row["degenerate"] |= "degenerate_problem" in control.flags
     return row
 
 
 def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:
+    """A row per problem, then the totals and every problem a trivial candidate passed or the
+    reference failed."""
+    cols = (*kinds, CONTROL)
     width = max([len(r["problem"]) for r in rows] + [7])
-    lines = [f"{'problem':<{width}}  " + "  ".join(f"{k:<14}" for k in kinds) + "  degenerate"]
+    lines = [f"{'problem':<{width}}  " + "  ".join(f"{k:<14}" for k in cols) + "  degenerate"]
     for r in rows:
-        lines.append(f"{r['problem']:<{width}}  " + "  ".join(f"{r.get(k, '-'):<14}" for k in kinds)
+        lines.append(f"{r['problem']:<{width}}  " + "  ".join(f"{r.get(k, '-'):<14}" for k in cols)
                      + f"  {'yes' if r['degenerate'] else ''}")
-    flagged = [r for r in rows if r["passed_by"] or r["degenerate"]]
+    rejected = [r for r in rows if r.get(CONTROL, "correct") != "correct"]
     lines.append("")
     lines.append(f"{len(rows)} problems; passed by a trivial candidate: "
-                 f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}")
-    for r in flagged:
-        lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
-                     f"{'; degenerate' if r['degenerate'] else ''}")
+                 f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}; "
+                 f"reference itself not correct: {len(rejected)}")
+    for r in rows:
+        if r["passed_by"] or r["degenerate"]:
+            lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
+                         f"{'; degenerate' if r['degenerate'] else ''}")
+    for r in rejected:
+        lines.append(f"  {r['problem']}: the reference as candidate got {r[CONTROL]}: "
+                     f"{r['errors'].get(CONTROL, '')[:160]}")
     return "\n".join(lines)

@@ -68,11 +68,11 @@ def test_report_table_and_plot(tmp_path, capsys):
 
 
 def test_audit_on_a_folder(one_problem, tmp_path, capsys):
-    out_json = tmp_path / "audit.json"
-    assert main(["audit", "--dataset", str(one_problem), "--device", "cpu", "--trials", "1",
-                 "--out", str(out_json)]) == 0
+    out = tmp_path / "audit.jsonl"
+    assert main(["audit", "--dataset", str(one_problem), "--device", "cpu", "--trials", "1", "--out", str(out)]) == 0
     assert "passed by a trivial candidate: 0" in capsys.readouterr().out
-    assert json.loads(out_json.read_text())[0]["passed_by"] == []
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["passed_by"] == [] and row["reference"] == "correct"
 
 
 def test_help_lists_every_command(capsys):

@@ -28,6 +28,7 @@ from kb_gym.worker.timing import Timer
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _clone = torch.Tensor.clone
+_isfinite = torch.isfinite  # bound before any candidate is imported, like checks.py's functions
 
 
 class StageError(Exception):
@@ -187,13 +188,19 @@ def _seed_all(seed: int) -> None:
         pass
 
 
-def _make_inputs(module: Any, seed: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
+def _make_inputs(module: Any, seed: int, device: torch.device, dtype: torch.dtype, widen: bool = False) -> list[Any]:
+    """The problem's inputs for one trial. ``widen``: floating inputs redrawn as 3 * randn, so that both
+    signs and magnitudes beyond 1 occur (for problems whose own inputs make the output equal the input)."""
     _seed_all(seed)
     with torch.device(device):  # build inputs on the device: no multi-GB host tensors
         raw = module.get_inputs()
     if isinstance(raw, torch.Tensor) or not isinstance(raw, (list, tuple)):
         raw = [raw]
-    return [_place(x, device, dtype) for x in raw]
+    placed = [_place(x, device, dtype) for x in raw]
+    if widen:
+        placed = [torch.randn_like(x) * 3 if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                  for x in placed]
+    return placed
 
 
 def _place(x: Any, device: torch.device, dtype: torch.dtype) -> Any:
@@ -343,7 +350,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     trials = int(cfg["trials"])
     report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}
     result["correctness"] = report
-    degenerate = False
+    degenerate = identity = False
     launches = 0
     ctx.counter.backends.clear()
     last: tuple[list[Any], Any] | None = None
@@ -386,6 +393,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         trivial = _trivial_outputs(ref_out, inputs)
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
         degenerate |= cmp.degenerate
+        identity |= cmp.degenerate and _is_input(inputs, ref_out, atol, rtol)
         report["max_abs_err"] = max(report["max_abs_err"], cmp.max_abs_err)
         report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
         del cand_out, pristine, cand_inputs
@@ -400,6 +408,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         del ref_out
     if last is not None:
         _determinism_rerun(ctx, cand_fn, last, atol, rtol, result, state)
+    if identity and result.get("status") != "incorrect":
+        _widened_trial(ctx, ref_mod, ref_model, cand_fn, seed + 1 + trials, dtype, atol, rtol, result, state)
     if degenerate:
         result["flags"].append("degenerate_problem")
     result["custom_kernel_launches"] = launches
@@ -427,6 +437,41 @@ def _determinism_rerun(ctx: WorkerContext, cand_fn: Any, last: tuple[list[Any], 
         result["flags"].append("nondeterministic")
         result.update(status="incorrect",
                       error=f"a second run on the same inputs gave a different answer: {cmp.reason}")
+
+
+def _is_input(inputs: list[Any], ref_out: Any, atol: float, rtol: float) -> bool:
+    first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+    outs = flatten_outputs(ref_out)
+    return (first is not None and first.is_floating_point() and len(outs) == 1
+            and tuple(first.shape) == tuple(outs[0].shape) and compare_outputs(first, outs[0], atol, rtol).ok)
+
+
+def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: Any, seed: int, dtype: torch.dtype,
+                   atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> None:
+    """On this problem's own inputs the answer is the input itself (ReLU of ``torch.rand``), so returning
+    the input passes every trial. One more trial on inputs with both signs and values beyond +-1 tells
+    a kernel from a copy; skipped when the reference is not finite there (its domain is narrower)."""
+    inputs = _make_inputs(ref_mod, seed, ctx.device, dtype, widen=True)
+    try:
+        with torch.no_grad():
+            ref_out = ref_model(*_clone_inputs(inputs))
+            cand_out = cand_fn(*_clone_inputs(inputs))
+    except BaseException as exc:  # noqa: BLE001
+        raise StageError("runtime_error", "trial on inputs of both signs: "
+                         + _trim_traceback(exc, state.get("candidate_file", "")),
+                         restart=_sticky_cuda_error(ctx.device)) from None
+    refs = flatten_outputs(ref_out)
+    if not all(_isfinite_all(r) for r in refs if r.is_floating_point()) or _is_input(inputs, ref_out, atol, rtol):
+        return
+    result["correctness"]["widened_trial"] = True
+    cmp = compare_outputs(cand_out, ref_out, atol, rtol)
+    if not cmp.ok:
+        result.update(status="incorrect", error="this problem's inputs make its output equal its input, so one "
+                      f"more trial ran on inputs of both signs (3 * randn): {cmp.reason}")
+
+
+def _isfinite_all(t: torch.Tensor) -> bool:
+    return bool(_isfinite(t).all().item())
 
 
 def _counting_flops(model: Any, inputs: list[Any]) -> tuple[Any, int | None]:

@@ -35,7 +35,7 @@ def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes(tmp_path
     assert set(by_name) == {"level1/1_ReLU", "level1/99_TinySoftmax"}
     for row in rows:
         assert row["passed_by"] == [], row
-        assert set(TRIVIAL) <= set(row)
+        assert set(TRIVIAL) <= set(row) and row["reference"] == "correct"
     assert by_name["level1/99_TinySoftmax"]["degenerate"]
     assert not by_name["level1/1_ReLU"]["degenerate"]
     text = format_audit(rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+from kb_gym import EvalConfig, Evaluator, Problem, get_problem, load_problems
 
 CHECK = EvalConfig(trials=2, timing=False)
 TIMED = EvalConfig(trials=2, timing_min_reps=4, timing_max_reps=8, timing_warmup=1, timing_max_seconds=3)
@@ -106,3 +106,46 @@ def test_backend_does_not_leak_between_candidates(ev, relu):
     plain = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
     r = ev.evaluate(relu, plain, config=CHECK)
     assert r.backend == "torch" and "no_custom_kernel" in r.flags
+
+
+def _problem(name: str, forward: str, inputs: str) -> Problem:
+    code = (f"import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            f"        return {forward}\n\ndef get_inputs():\n    return [{inputs}]\n\ndef get_init_inputs():\n"
+            "    return []\n")
+    return Problem(id=90, name=name, level=1, code=code)
+
+
+def _candidate(forward: str) -> str:
+    return f"import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return {forward}\n"
+
+
+def test_returning_the_input_fails_where_the_inputs_make_the_output_the_input(ev):
+    """ReLU of torch.rand is its input (L1/19_ReLU, 20, 31, 32 of the official set): a widened trial
+    on inputs of both signs tells a kernel from a copy, and an honest kernel still passes."""
+    problem = _problem("90_ReLUOfRand", "torch.relu(x)", "torch.rand(64, 256)")
+    copy = ev.evaluate(problem, _candidate("x.clone()"), config=CHECK)
+    assert copy.status == "incorrect" and "both signs" in copy.error, copy.error
+    assert "degenerate_problem" in copy.flags
+    honest = ev.evaluate(problem, _candidate("torch.clamp(x, min=0)"), config=CHECK)
+    assert honest.status == "correct" and honest.correctness["widened_trial"], honest.error
+
+
+def test_widened_trial_is_skipped_where_the_reference_is_not_finite_on_it(ev):
+    # sqrt(x**2) of rand is x again, but log of a negative input is NaN: no verdict from that trial.
+    problem = _problem("91_LogExpOfRand", "torch.log(torch.exp(x)).clamp(min=0) + torch.log(x + 1) * 0",
+                       "torch.rand(64, 256)")
+    honest = ev.evaluate(problem, _candidate("x.clamp(min=0) + torch.log(x + 1) * 0"), config=CHECK)
+    assert honest.status == "correct", honest.error
+    assert "widened_trial" not in honest.correctness
+
+
+def test_lower_precision_arithmetic_fails_on_small_outputs(ev):
+    """Outputs under the atol floor let bfloat16 pass element by element (L1/39_L2Norm and the
+    softmax-ended level-2 problems in the official set); the relative L2 bound does not."""
+    problem = _problem("92_SmallSoftmax", "torch.softmax(x, dim=1)", "torch.randn(64, 4096) * 0.5")
+    low = ev.evaluate(problem, _candidate("torch.softmax(x.bfloat16(), dim=1).float()"), config=CHECK)
+    assert low.status == "incorrect" and "relative L2 error" in low.error, low.error
+    honest = ev.evaluate(problem, _candidate("torch.exp(x - x.amax(1, keepdim=True)) / "
+                                            "torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)"),
+                         config=CHECK)
+    assert honest.status == "correct", honest.error
