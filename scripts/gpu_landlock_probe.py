@@ -40,8 +40,10 @@ print('ok')
 def main() -> int:
     failing = None
     for name, (paths, abi) in VARIANTS.items():
-        code = CHILD.format(paths=paths, abi=abi)
-        p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
+        code = tempfile.mktemp(suffix=".py")  # a file: Triton reads a kernel's source from it
+        with open(code, "w") as fh:
+            fh.write(CHILD.format(paths=paths, abi=abi))
+        p = subprocess.run([sys.executable, "-P", code], capture_output=True, text=True, timeout=300)
         last = (p.stdout.strip().splitlines() or [""])[-1]
         err = [line for line in p.stderr.splitlines() if "Error" in line or "error" in line]
         print(f"{name:<45} {'ok' if last == 'ok' else 'FAILS: ' + (err[-1] if err else p.stderr[-300:])[:200]}")
@@ -49,7 +51,7 @@ def main() -> int:
             failing = code
     if failing and subprocess.run(["which", "strace"], capture_output=True).returncode == 0:
         log = tempfile.mktemp()
-        subprocess.run(["strace", "-f", "-o", log, sys.executable, "-P", "-c", failing], capture_output=True,
+        subprocess.run(["strace", "-f", "-o", log, sys.executable, "-P", failing], capture_output=True,
                        timeout=300)
         refused = [line.strip() for line in open(log) if "EACCES" in line or "EPERM" in line]
         print("refused calls (strace):", *refused[:30], sep="\n  ")
