@@ -44,6 +44,12 @@ class Comparison:
     degenerate: bool = False
 
 
+def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work: torch.dtype) -> bool:
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    return all(bool(_isclose(fa[lo:lo + CHUNK].to(work), fb[lo:lo + CHUNK].to(work), rtol=rtol, atol=atol).all())
+               for lo in range(0, fa.numel(), CHUNK))
+
+
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     diff = (a.float() - b.float()).norm().item()
     scale = b.float().norm().item()
@@ -86,6 +92,9 @@ def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
     return worst
 
 
+# A trivial output within this relative L2 error of the answer is right to within rounding: no
+# bound separates it from an honest kernel (below it, honest fp32 reductions drift by ~1e-6).
+TRIVIAL_ERR_FLOOR = 1e-5
 REL_L2_FACTOR = 10.0  # honest fp32 kernels sit near 1e-6; one bfloat16 rounding of the output gives ~2e-3
 CHUNK = 1 << 26  # elements per slice: bounds the temporary memory of comparing multi-GB outputs
 
@@ -124,8 +133,7 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
             sq_ref += float(_norm(rd[_isfinite(rd)], dtype=torch.float64).item()) ** 2
         del cd, rd, close, diff, finite
     frac = bad / cf.numel()
-    degenerate = any(t.shape == r.shape and bool(_isclose(t.detach().to(work), r.detach().to(work),
-                                                          rtol=rtol, atol=atol).all()) for t in trivial)
+    degenerate = any(t.shape == r.shape and _all_close(t, r, atol, rtol, work) for t in trivial)
     if bad or nans:
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(r.shape))) if first >= 0 else ()
         where = (f"; first mismatch at index {index}: got {cf[first].item():.6g}, expected {rf[first].item():.6g}"
@@ -147,9 +155,9 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         # When a trivial output is right to within rounding (ReLU of non-negative inputs is the input),
         # no bound can separate it from an honest kernel: the runtime's widened trial does instead.
         trivial_err = min(_rel_l2(t, r) for t in trivial if t.shape == r.shape)
-        bound = min(max(atol, rtol) * 10, 0.1 * trivial_err)
+        bound = min(max(atol, rtol) * 10, 0.3 * trivial_err)
         err = _rel_l2(c, r)
-        if trivial_err > rtol and not err <= bound:
+        if trivial_err > TRIVIAL_ERR_FLOOR and not err <= bound:
             return Comparison(False, f"{label}: relative L2 error {err:.3g} exceeds {bound:.3g}; this problem's "
                                      "output is so small that zeros pass the tolerance, so it is checked by "
                                      "relative error too", max_abs, max_rel, frac, True)

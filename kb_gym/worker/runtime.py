@@ -351,6 +351,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}
     result["correctness"] = report
     degenerate = identity = False
+    previous: list[torch.Tensor] = []
     launches = 0
     ctx.counter.backends.clear()
     last: tuple[list[Any], Any] | None = None
@@ -390,7 +391,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                 state["floor_ms"] = ctx.speed_of_light_ms(inputs, ref_out, ref_model, flops)
             else:
                 ref_out = ref_model(*_clone_inputs(inputs))
-        trivial = _trivial_outputs(ref_out, inputs)
+        trivial = _trivial_outputs(ref_out, inputs) + previous
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
         degenerate |= cmp.degenerate
         identity |= cmp.degenerate and _is_input(inputs, ref_out, atol, rtol)
@@ -405,6 +406,12 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             break
         report["passed"] += 1
         last = (inputs, ref_out)
+        # The last trial's answer, as a shortcut that ignores its inputs would return it: where it
+        # passes, the output barely depends on the inputs (a mean over 1e8 values) and is held to
+        # a relative error well below how far it moves between inputs. Kept only when small.
+        refs = flatten_outputs(ref_out)
+        small = sum(r.numel() for r in refs) <= 1 << 24
+        previous = [r for r in refs if r.is_floating_point()] if small else []
         del ref_out
     if last is not None:
         _determinism_rerun(ctx, cand_fn, last, atol, rtol, result, state)

@@ -149,3 +149,16 @@ def test_lower_precision_arithmetic_fails_on_small_outputs(ev):
                                             "torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)"),
                          config=CHECK)
     assert honest.status == "correct", honest.error
+
+
+def test_a_hard_coded_typical_answer_fails_where_the_output_barely_depends_on_the_inputs(ev):
+    """A tenth of the mean of 1M values moves ~3e-5 between inputs: inside the tolerance, so the typical answer
+    (computed once on other inputs) would pass (L2/42 and L2/65 of the official set); the trials' own
+    answers flag the problem and hold candidates to a fraction of that movement."""
+    problem = _problem("93_HugeMean", "x.mean(dim=(1, 2)) * 0.1 + 1.0", "torch.rand(4, 1024, 1024)")
+    typical = _candidate("torch.full((x.shape[0],), 1.05, device=x.device)")
+    r = ev.evaluate(problem, typical, config=CHECK)
+    assert r.status == "incorrect" and "degenerate_problem" in r.flags, (r.status, r.error)
+    honest = ev.evaluate(problem, _candidate("x.sum(dim=(1, 2)) / (x.shape[1] * x.shape[2]) * 0.1 + 1.0"),
+                         config=CHECK)
+    assert honest.status == "correct", honest.error
