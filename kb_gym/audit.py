@@ -3,7 +3,9 @@
 Four candidates that compute nothing useful (zeros, the first input, a constant, the reference run
 in bfloat16) are evaluated against every problem. A problem where one of them passes has outputs
 the tolerance cannot tell apart from a shortcut; the correctness check flags such problems
-``degenerate_problem`` and demands a relative error the zeros and the input cannot meet.
+``degenerate_problem`` and demands a relative error the zeros and the input cannot meet; where a
+trivial output is the answer to within rounding, results get ``unverifiable_output`` (no speed credit
+under ``strict``). The reference itself runs as a control: it must pass everywhere.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
             row["errors"][kind] = (r.error or "")[:200]
         row["degenerate"] |= "degenerate_problem" in r.flags
     row["degenerate"] |= "degenerate_problem" in control.flags
+    # Whether a passing trivial candidate (or the reference) was flagged: no speed credit under strict.
+    row["unverifiable"] = any("unverifiable_output" in r.flags for r in results.values())
     return row
 
 
@@ -153,11 +157,13 @@ def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIA
     lines.append("")
     lines.append(f"{len(rows)} problems; passed by a trivial candidate: "
                  f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}; "
+                 f"unverifiable: {sum(bool(r.get('unverifiable')) for r in rows)}; "
                  f"reference itself not correct: {len(rejected)}")
     for r in rows:
         if r["passed_by"] or r["degenerate"]:
             lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
-                         f"{'; degenerate' if r['degenerate'] else ''}")
+                         f"{'; degenerate' if r['degenerate'] else ''}"
+                         f"{'; unverifiable (no speed credit)' if r.get('unverifiable') else ''}")
     for r in rejected:
         lines.append(f"  {r['problem']}: the reference as candidate got {r[CONTROL]}: "
                      f"{r['errors'].get(CONTROL, '')[:160]}")

@@ -16,7 +16,10 @@ FLAG_NOTES = {
     "side_stream": "work ran on another stream after forward returned; timing used the host clock",
     "tampering": "the code replaced functions of the evaluation harness",
     "timing_mismatch": "outputs produced while timing differed from the reference",
-    "degenerate_problem": "this problem's outputs are tiny, so correctness was also checked by relative error",
+    "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes this problem's "
+                          "tolerance, so correctness was also checked by relative error",
+    "unverifiable_output": "on this problem zeros, the input or a fixed answer already match the reference to "
+                           "within rounding, so no speed credit can be given",
     "excessive_speedup": "the speedup is beyond what the hardware allows for this problem",
 }
 

@@ -32,11 +32,11 @@ unused_kernel             note            some kernels are never reached from fo
 ========================  ==============  ===================================================
 
 The engine's runtime flags are part of the same policies: ``no_custom_kernel``, ``input_mutation``,
-``side_stream``, ``excessive_speedup`` and ``nondeterministic`` keep the result but get no speed
-credit under ``strict``; ``degenerate_problem`` is a note; ``tampering`` and ``timing_mismatch`` are
-failures in the engine under every policy (``ALWAYS_FAIL``; ``strict`` lists them under ``reject``
-to say so). ``kernelbench`` follows KernelBench's own rules (any correct candidate counts, so every
-flag is a note) and ``off`` makes every flag a note.
+``side_stream``, ``excessive_speedup``, ``nondeterministic`` and ``unverifiable_output`` keep the
+result but get no speed credit under ``strict``; ``degenerate_problem`` is a note; ``tampering`` and
+``timing_mismatch`` are failures in the engine under every policy (``ALWAYS_FAIL``; ``strict`` lists
+them under ``reject`` to say so). ``kernelbench`` follows KernelBench's own rules (any correct
+candidate counts, so every flag is a note) and ``off`` makes every flag a note.
 
 Trade-offs against honest code: ``os.environ[...] = ...`` is allowed for the build knobs in
 ``ENV_ALLOW`` (``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS``); ``import ctypes`` / ``threading`` alone is
@@ -89,7 +89,7 @@ STATIC_FLAGS = frozenset({
 })
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
-    "degenerate_problem", "excessive_speedup", "nondeterministic",
+    "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic",
 })
 ALWAYS_FAIL = frozenset({"tampering", "timing_mismatch"})
 
@@ -112,7 +112,10 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "side_stream": "work ran on another stream after forward returned",
     "tampering": "the harness's functions were replaced while running",
     "timing_mismatch": "outputs produced while timing differed from the reference",
-    "degenerate_problem": "the problem's outputs are tiny; correctness also used relative error",
+    "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes the tolerance; "
+                          "correctness also used relative error",
+    "unverifiable_output": "a trivial output equals the answer to within rounding: no check can tell a "
+                           "kernel from a shortcut on this problem",
     "excessive_speedup": "the speedup is beyond what the hardware allows",
     "nondeterministic": "repeated runs on the same inputs gave different outputs",
 }
@@ -154,7 +157,7 @@ POLICIES: dict[str, IntegrityPolicy] = {
                           "tensor_subclass"}) | ALWAYS_FAIL,
         no_speed_credit=frozenset({"no_custom_kernel", "fallback", "decoy", "input_mutation", "side_stream",
                                    "excessive_speedup", "nondeterministic", "replay", "precision_change",
-                                   "dynamic_code", "unchecked"}),
+                                   "dynamic_code", "unchecked", "unverifiable_output"}),
         description="default: reject harness, timer, introspection, concurrency, I/O and tensor-subclass "
                     "hacks; no speed credit for fallbacks, decoys, replays and runtime integrity flags",
     ),

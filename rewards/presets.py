@@ -31,6 +31,7 @@ DEFAULT_PENALISED_FLAGS: frozenset[str] = frozenset(
         "excessive_speedup",
         "tampering",
         "replay",
+        "unverifiable_output",
     }
 )
 """Integrity flags that remove speed credit. ``degenerate_problem`` is deliberately absent: it

@@ -350,7 +350,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     trials = int(cfg["trials"])
     report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}
     result["correctness"] = report
-    degenerate = identity = False
+    degenerate = identity = unverifiable = False
     previous: list[torch.Tensor] = []
     launches = 0
     ctx.counter.backends.clear()
@@ -394,6 +394,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         trivial = _trivial_outputs(ref_out, inputs) + previous
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
         degenerate |= cmp.degenerate
+        unverifiable |= cmp.unverifiable
         identity |= cmp.degenerate and _is_input(inputs, ref_out, atol, rtol)
         report["max_abs_err"] = max(report["max_abs_err"], cmp.max_abs_err)
         report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
@@ -416,9 +417,13 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     if last is not None:
         _determinism_rerun(ctx, cand_fn, last, atol, rtol, result, state)
     if identity and result.get("status") != "incorrect":
-        _widened_trial(ctx, ref_mod, ref_model, cand_fn, seed + 1 + trials, dtype, atol, rtol, result, state)
+        widened = _widened_trial(ctx, ref_mod, ref_model, cand_fn, seed + 1 + trials, dtype, atol, rtol, result,
+                                 state)
+        unverifiable = unverifiable if widened is None else widened
     if degenerate:
         result["flags"].append("degenerate_problem")
+    if unverifiable and result.get("status") != "incorrect":
+        result["flags"].append("unverifiable_output")
     result["custom_kernel_launches"] = launches
     result["backend"] = ",".join(sorted(ctx.counter.backends)) or "torch"
     if launches == 0:
@@ -454,10 +459,11 @@ def _is_input(inputs: list[Any], ref_out: Any, atol: float, rtol: float) -> bool
 
 
 def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: Any, seed: int, dtype: torch.dtype,
-                   atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> None:
+                   atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> bool | None:
     """On this problem's own inputs the answer is the input itself (ReLU of ``torch.rand``), so returning
     the input passes every trial. One more trial on inputs with both signs and values beyond +-1 tells
-    a kernel from a copy; skipped when the reference is not finite there (its domain is narrower)."""
+    a kernel from a copy; skipped (None) when the reference is not finite there (its domain is narrower)
+    or is the input there too. Otherwise returns whether a trivial output still passes on these inputs."""
     inputs = _make_inputs(ref_mod, seed, ctx.device, dtype, widen=True)
     try:
         with torch.no_grad():
@@ -469,12 +475,13 @@ def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: An
                          restart=_sticky_cuda_error(ctx.device)) from None
     refs = flatten_outputs(ref_out)
     if not all(_isfinite_all(r) for r in refs if r.is_floating_point()) or _is_input(inputs, ref_out, atol, rtol):
-        return
+        return None
     result["correctness"]["widened_trial"] = True
-    cmp = compare_outputs(cand_out, ref_out, atol, rtol)
+    cmp = compare_outputs(cand_out, ref_out, atol, rtol, _trivial_outputs(ref_out, inputs))
     if not cmp.ok:
         result.update(status="incorrect", error="this problem's inputs make its output equal its input, so one "
                       f"more trial ran on inputs of both signs (3 * randn): {cmp.reason}")
+    return cmp.unverifiable
 
 
 def _isfinite_all(t: torch.Tensor) -> bool:

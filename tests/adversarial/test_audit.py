@@ -36,7 +36,7 @@ def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes(tmp_path
     for row in rows:
         assert row["passed_by"] == [], row
         assert set(TRIVIAL) <= set(row) and row["reference"] == "correct"
-    assert by_name["level1/99_TinySoftmax"]["degenerate"]
+    assert by_name["level1/99_TinySoftmax"]["degenerate"] and not by_name["level1/99_TinySoftmax"]["unverifiable"]
     assert not by_name["level1/1_ReLU"]["degenerate"]
     text = format_audit(rows)
     assert "99_TinySoftmax" in text and "flagged degenerate: 1" in text
@@ -52,3 +52,28 @@ def test_audit_resumes_from_its_jsonl_and_reruns_a_cut_line(tmp_path):
     assert rows[0] == kept
     assert rows[1]["problem"] == problems[1].key and rows[1]["zeros"] == "incorrect"
     assert json.loads(out.read_text().splitlines()[-1]) == rows[1]
+
+
+ALWAYS_ZERO = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        m = x.amax(1, keepdim=True)
+        return m - m.mean(1, keepdim=True)
+
+def get_inputs():
+    return [torch.randn(32, 128)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_audit_reports_a_problem_zeros_pass_as_unverifiable():
+    rows = run_audit([Problem(id=98, name="98_AlwaysZero", level=2, code=ALWAYS_ZERO)], device="cpu", trials=2,
+                     progress=False)
+    (row,) = rows
+    assert "zeros" in row["passed_by"] and row["unverifiable"] and row["reference"] == "correct"
+    assert "unverifiable: 1" in format_audit(rows)

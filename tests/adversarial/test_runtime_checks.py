@@ -162,3 +162,25 @@ def test_a_hard_coded_typical_answer_fails_where_the_output_barely_depends_on_th
     honest = ev.evaluate(problem, _candidate("x.sum(dim=(1, 2)) / (x.shape[1] * x.shape[2]) * 0.1 + 1.0"),
                          config=CHECK)
     assert honest.status == "correct", honest.error
+
+
+def test_zeros_on_an_always_zero_problem_get_no_speed_credit(ev):
+    """max over a keepdim dimension minus its own mean is exactly zero (L2/80 and L2/9 of the official
+    set): zeros are the answer, so the result is correct but unverifiable and earns no speed credit
+    under strict; the reward caps it at the incorrect level."""
+    from kb_gym.rewards import get_reward
+
+    problem = _problem("94_AlwaysZero", "x.amax(1, keepdim=True) - x.amax(1, keepdim=True).mean(1, keepdim=True)",
+                       "torch.randn(64, 256)")
+    zeros = ev.evaluate(problem, _candidate("torch.zeros(x.shape[0], 1)"), config=TIMED)
+    assert zeros.status == "correct" and "unverifiable_output" in zeros.flags, (zeros.status, zeros.error)
+    assert not zeros.speed_credit
+    reward, parts = get_reward("default")(zeros)
+    assert parts["speed"] != 0 and parts["integrity_penalty"] < 0 and reward <= -0.1
+
+
+def test_identity_resolved_by_the_widened_trial_is_not_unverifiable(ev):
+    problem = _problem("95_ReLUOfRandAgain", "torch.relu(x)", "torch.rand(64, 256)")
+    honest = ev.evaluate(problem, _candidate("torch.clamp(x, min=0)"), config=CHECK)
+    assert honest.status == "correct" and "degenerate_problem" in honest.flags
+    assert "unverifiable_output" not in honest.flags
