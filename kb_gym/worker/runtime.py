@@ -551,6 +551,8 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         sticky = _sticky_cuda_error(ctx.device)
         raise StageError("runtime_error", "failed while timing: " + _trim_traceback(exc, ""),
                          restart=sticky) from None
+    # The stage minus this is set-up (input sets, baseline outputs): the split tells a slow loop from slow set-up.
+    result["stage_seconds"]["timing_loop"] = timing.seconds
     if timing.mismatch:
         result.update(status="incorrect", correct=False,
                       error=f"outputs produced while timing differ from the reference ({timing.mismatch})")
