@@ -77,3 +77,10 @@ def test_audit_reports_a_problem_zeros_pass_as_unverifiable():
     (row,) = rows
     assert "zeros" in row["passed_by"] and row["unverifiable"] and row["reference"] == "correct"
     assert "unverifiable: 1" in format_audit(rows)
+
+
+def test_no_trivial_candidate_passes_a_built_in_problem_and_every_reference_does():
+    rows = run_audit("builtin", device="cpu", trials=2, progress=False)
+    assert len(rows) == len(load_problems("builtin"))
+    assert [r["problem"] for r in rows if r["passed_by"] or r["degenerate"] or r["unverifiable"]] == []
+    assert [r["problem"] for r in rows if r["reference"] != "correct"] == []
