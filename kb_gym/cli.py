@@ -108,6 +108,45 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_values(pairs: list[str], what: str) -> dict:
+    """``["max_steps=10", "learning_rate=1e-6"]`` -> ``{"max_steps": 10, "learning_rate": 1e-06}`` (JSON values,
+    else strings)."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--{what} expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from kb_gym.training.grpo import config_from_dict, train
+
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    for name in ("model", "dataset", "level", "reward", "backend"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    if args.device is not None:
+        data["eval_devices"] = args.device
+    data["grpo"] = {**data.get("grpo", {}), **_key_values(args.grpo, "grpo")}
+    data["eval_config"] = {**data.get("eval_config", {}), **_key_values(args.eval, "eval")}
+    try:
+        cfg = config_from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"kb-gym train: {exc}") from None
+    trainer = train(cfg)
+    print(f"trained {trainer.state.global_step} step(s); model saved to {trainer.args.output_dir}")
+    return 0
+
+
 def cmd_soak(args: argparse.Namespace) -> int:
     from kb_gym.soak import format_soak, run_soak
 
@@ -168,6 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSONL of rows, appended as each problem finishes; problems "
                                                "already in it are skipped (resume)")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("train", help="GRPO fine-tuning of a Hugging Face causal LM against the evaluator (TRL)")
+    p.add_argument("--config", default=None, help="JSON file of GRPOKernelConfig fields (see docs/training.md)")
+    p.add_argument("--model", default=None, help="Hugging Face model id or local path")
+    p.add_argument("--dataset", default=None, help="problems to train on (default: builtin)")
+    p.add_argument("--level", type=int, choices=(1, 2, 3), default=None)
+    p.add_argument("--backend", default=None, help="prompt backend: triton or cuda")
+    p.add_argument("--reward", default=None, help="reward preset name (default, fast_p, kevin, drkernel)")
+    p.add_argument("--device", default=None, help="the evaluator's devices (default: auto)")
+    p.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE",
+                   help="a GRPOConfig field, e.g. --grpo max_steps=100 --grpo num_generations=8")
+    p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
+                   help="an EvalConfig field, e.g. --eval trials=3")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")
     _add_device(p)

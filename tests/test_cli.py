@@ -80,5 +80,5 @@ def test_help_lists_every_command(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("demo", "list", "eval", "baseline", "bench", "audit", "soak", "report"):
+    for command in ("demo", "list", "eval", "baseline", "bench", "audit", "soak", "report", "train"):
         assert command in out

@@ -1,0 +1,157 @@
+"""TRL integration on the CPU: the prompt dataset and the evaluator as a GRPO reward function."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator
+from kb_gym.demo import WRONG_RELU
+from kb_gym.problems import BUILTIN_DIR, load_problems
+from kb_gym.training import (
+    KernelRewardConfig,
+    KernelRewardFunction,
+    batch_metrics,
+    build_prompt_dataset,
+    completion_text,
+)
+
+SOLUTION = (BUILTIN_DIR / "solutions" / "level1" / "1_ReLU.py").read_text()
+RELU = "level1/1_ReLU"
+SMALL = EvalConfig(trials=2, timing_min_reps=3, timing_max_reps=6, timing_max_seconds=2)
+
+
+def answer(code: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": f"Here it is:\n\n```python\n{code}```\n"}]
+
+
+@pytest.fixture(scope="module")
+def reward_fn():
+    with Evaluator("cpu", config=SMALL, results_path=False) as ev:
+        yield KernelRewardFunction(KernelRewardConfig(reward="default"), evaluator=ev)
+
+
+def test_prompt_dataset_has_one_row_per_problem_with_its_key():
+    ds = build_prompt_dataset("builtin")
+    problems = load_problems("builtin")
+    assert len(ds) == len(problems) and set(ds.column_names) == {"prompt", "problem_key", "level", "name"}
+    row = ds[[p.key for p in problems].index(RELU)]
+    assert row["problem_key"] == RELU and [m["role"] for m in row["prompt"]] == ["system", "user"]
+    relu_code = next(p.code for p in problems if p.key == RELU)
+    assert relu_code.strip() in row["prompt"][1]["content"]
+
+
+def test_prompt_dataset_as_strings_repeated_and_one_level():
+    ds = build_prompt_dataset("builtin", level=2, conversational=False, repeat=3)
+    assert len(ds) == 3 * len(load_problems("builtin", level=2))
+    assert all(isinstance(p, str) and "ModelNew" in p for p in ds["prompt"]) and set(ds["level"]) == {2}
+    with pytest.raises(ValueError, match="repeat"):
+        build_prompt_dataset("builtin", repeat=0)
+
+
+def test_completion_text_takes_strings_messages_and_conversations():
+    assert completion_text("abc") == "abc"
+    assert completion_text({"role": "assistant", "content": "x"}) == "x"
+    assert completion_text([{"role": "assistant", "content": "y"}]) == "y"
+    assert completion_text([]) == ""
+
+
+def test_rewards_order_a_batch_and_log_metrics(reward_fn):
+    """The call TRL makes: the batch is scored in one go, in order, and the metrics reach log_metric."""
+    logged: dict[str, float] = {}
+    extra: dict[str, list] = {}
+    completions = [answer(SOLUTION), answer(WRONG_RELU), [{"role": "assistant", "content": "no code, sorry"}],
+                   answer(SOLUTION)]
+    keys = [RELU, RELU, RELU, "level9/404_Missing"]
+    rewards = reward_fn(prompts=[[]] * 4, completions=completions, completion_ids=[[]] * 4, problem_key=keys,
+                        log_metric=logged.__setitem__, log_extra=lambda col, vals: extra.setdefault(col, vals),
+                        trainer_state=None)
+    statuses = [r.status for r in reward_fn.last_results]
+    assert statuses == ["correct", "incorrect", "format_error", "format_error"], [r.error for r in
+                                                                                  reward_fn.last_results]
+    assert rewards[0] > rewards[1] > rewards[2] and rewards[3] == rewards[2]
+    assert "level9/404_Missing" in reward_fn.last_results[3].error
+    assert logged["kernel_reward/correct"] == 0.25 and logged["kernel_reward/compiled"] == 0.5
+    assert extra["status"] == statuses and len(extra["speedup"]) == 4
+    assert reward_fn.__name__ == "kernel_reward"
+
+
+def test_reward_function_picks_its_preset_by_name(reward_fn):
+    fast = KernelRewardFunction(KernelRewardConfig(reward="fast_p", reward_kwargs={"p": 0.0}, name="fast0"),
+                                evaluator=reward_fn.evaluator)
+    rewards = fast(completions=[answer(SOLUTION), answer(WRONG_RELU)], problem_key=[RELU, RELU])
+    assert rewards == [1.0, 0.0] and fast.__name__ == "fast0"
+
+
+def test_mismatched_columns_are_a_clear_error(reward_fn):
+    with pytest.raises(ValueError, match="2 completions but 1 problem keys"):
+        reward_fn(completions=["a", "b"], problem_key=[RELU])
+
+
+def test_batch_metrics_of_nothing_is_zero():
+    assert batch_metrics([]) == {"correct": 0.0, "compiled": 0.0, "fast_1": 0.0, "speedup_mean_correct": 0.0}
+
+
+def tiny_causal_lm():
+    """A one-layer Llama with a character tokenizer and a chat template, built offline in a second."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(["<pad>", "<eos>", "<unk>", "\n", "\t", *map(chr, range(32, 127))])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                        unk_token="<unk>")
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant: {% endif %}")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=8192, pad_token_id=0, bos_token_id=1,
+                                         eos_token_id=1))
+    return model, tokenizer
+
+
+GRPO_STEP = {"per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 8, "max_steps": 1,
+             "logging_steps": 1, "save_strategy": "no"}
+
+
+def test_grpo_trainer_scores_its_generations_with_the_kernel_reward(tmp_path):
+    from kb_gym.training.grpo import GRPOKernelConfig, build_trainer
+
+    model, tokenizer = tiny_causal_lm()
+    cfg = GRPOKernelConfig(model="tiny", level=1, one_shot=False, eval_devices="cpu",
+                           eval_config={"trials": 1, "timing": False}, results_path=str(tmp_path / "r.jsonl"),
+                           grpo={**GRPO_STEP, "output_dir": str(tmp_path / "out")})
+    trainer, reward_fn = build_trainer(cfg, model=model, processing_class=tokenizer)
+    try:
+        trainer.train()
+    finally:
+        reward_fn.close()
+    logged = trainer.state.log_history[0]
+    assert {"rewards/kernel_reward/mean", "kernel_reward/correct", "kernel_reward/compiled"} <= set(logged)
+    # A random model writes no code: every sample is a format error, and every one was recorded.
+    assert [r.status for r in reward_fn.last_results] == ["format_error"] * 2
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_train_runs_a_local_model_and_saves_it(tmp_path, capsys):
+    from kb_gym.cli import main
+
+    model, tokenizer = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "trained"
+    argv = ["train", "--model", str(tmp_path / "tiny"), "--level", "1", "--device", "cpu", "--eval", "trials=1",
+            "--eval", "timing=false", "--grpo", f"output_dir={out}"]
+    argv += [f"--grpo={k}={v}" for k, v in GRPO_STEP.items()]
+    assert main(argv) == 0
+    assert "trained 1 step(s)" in capsys.readouterr().out and (out / "config.json").exists()
+
+
+def test_train_config_errors_name_the_problem():
+    from kb_gym.training.grpo import config_from_dict
+
+    with pytest.raises(ValueError, match="unknown training option"):
+        config_from_dict({"model": "m", "epochs": 3})
+    with pytest.raises(ValueError, match="needs 'model'"):
+        config_from_dict({})

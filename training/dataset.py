@@ -1,0 +1,44 @@
+"""Problems as a ``datasets.Dataset`` of prompts, the input TRL's trainers take.
+
+Each row carries the prompt (chat messages, or one string) and the problem's key. TRL passes every
+extra column to reward functions by name, so :class:`~kb_gym.training.KernelRewardFunction` finds
+the problem a completion answers through ``problem_key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kb_gym.problems import Problem, load_problems
+from kb_gym.prompts import DEFAULT_BACKEND, PromptBackend, build_messages, build_prompt
+
+
+def prompt_rows(problems: Sequence[Problem], backend: str | PromptBackend = DEFAULT_BACKEND, *,
+                conversational: bool = True, system: bool = True, one_shot: bool = True) -> list[dict[str, Any]]:
+    """One row per problem: ``prompt``, ``problem_key``, ``level``, ``name``."""
+    rows = []
+    for p in problems:
+        prompt: Any = (build_messages(p.code, backend=backend, one_shot=one_shot, system=system) if conversational
+                       else build_prompt(p.code, backend=backend, one_shot=one_shot))
+        rows.append({"prompt": prompt, "problem_key": p.key, "level": p.level, "name": p.name})
+    return rows
+
+
+def build_prompt_dataset(dataset: str | Sequence[Problem] = "builtin", *, level: int | None = None,
+                         backend: str | PromptBackend = DEFAULT_BACKEND, conversational: bool = True,
+                         system: bool = True, one_shot: bool = True, repeat: int = 1) -> Any:
+    """A ``datasets.Dataset`` of prompts for ``dataset`` (any source :func:`load_problems` takes).
+
+    ``conversational``: ``prompt`` is a list of chat messages (TRL applies the model's chat
+    template), else one string. ``system=False`` folds the rules into the user message, for chat
+    templates without a system role. ``repeat`` lists every problem that many times (an epoch over a
+    small set then holds more steps).
+    """
+    from datasets import Dataset
+
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    problems = load_problems(dataset, level=level)
+    rows = prompt_rows(problems, backend, conversational=conversational, system=system, one_shot=one_shot)
+    return Dataset.from_list(rows * repeat)

@@ -1,0 +1,102 @@
+"""GRPO fine-tuning of any Hugging Face causal LM against kb_gym's evaluator (``kb-gym train``).
+
+One process generates with the policy (TRL's ``GRPOTrainer``) and scores every completion with
+:class:`~kb_gym.training.KernelRewardFunction`, whose Evaluator keeps one warm worker per GPU it is
+given. On a single GPU the policy and the kernels share the device; on a node, give the evaluator
+GPUs the trainer does not use (``eval_devices="cuda:6,cuda:7"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kb_gym.config import EvalConfig
+from kb_gym.training.dataset import build_prompt_dataset
+from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
+
+
+@dataclass
+class GRPOKernelConfig:
+    """What ``kb-gym train`` needs beyond TRL's ``GRPOConfig``.
+
+    Args:
+        model: a Hugging Face model id or local path (any causal LM with a chat template when
+            ``conversational``).
+        dataset, level: the problems to train on (anything ``load_problems`` takes).
+        backend: the prompt's kernel language (``"triton"`` or ``"cuda"``).
+        conversational: chat-message prompts (the model's chat template applies) or plain strings.
+        one_shot: include the worked example in every prompt.
+        repeat: list every problem this many times per epoch.
+        reward, reward_kwargs: the reward preset by name, and its parameters.
+        eval_devices: the evaluator's devices (``"auto"``: every visible GPU, else the CPU).
+        eval_config: EvalConfig fields for every evaluation (``{"trials": 3}``).
+        results_path: JSONL file of every evaluation (None: the default store under the cache).
+        grpo: GRPOConfig fields (``output_dir``, ``max_steps``, ``num_generations``, ...).
+    """
+
+    model: str
+    dataset: str = "builtin"
+    level: int | None = None
+    backend: str = "triton"
+    conversational: bool = True
+    one_shot: bool = True
+    repeat: int = 1
+    reward: str = "default"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_devices: str = "auto"
+    eval_config: dict[str, Any] = field(default_factory=dict)
+    results_path: str | None = None
+    grpo: dict[str, Any] = field(default_factory=dict)
+
+
+def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class: Any = None) -> tuple[Any, Any]:
+    """The ``GRPOTrainer`` and its reward function (close it when done).
+
+    ``model`` / ``processing_class`` override loading ``cfg.model`` (an already built model object).
+    """
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = build_prompt_dataset(cfg.dataset, level=cfg.level, backend=cfg.backend,
+                                   conversational=cfg.conversational, one_shot=cfg.one_shot, repeat=cfg.repeat)
+    reward_fn = KernelRewardFunction(KernelRewardConfig(
+        reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=cfg.dataset, devices=cfg.eval_devices,
+        eval_config=EvalConfig(**cfg.eval_config), results_path=cfg.results_path))
+    grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}
+    try:
+        trainer = GRPOTrainer(model=model if model is not None else cfg.model, reward_funcs=[reward_fn],
+                              args=GRPOConfig(**grpo), train_dataset=dataset, processing_class=processing_class)
+    except BaseException:
+        reward_fn.close()
+        raise
+    return trainer, reward_fn
+
+
+def _cpu_defaults() -> dict[str, Any]:
+    """Without a GPU, GRPOConfig's bf16 default refuses to start: train in fp32 on the CPU (smoke runs)."""
+    import torch
+
+    return {} if torch.cuda.is_available() else {"use_cpu": True, "bf16": False}
+
+
+def train(cfg: GRPOKernelConfig, **kwargs: Any) -> Any:
+    """Build the trainer, train, save the final model to ``output_dir``; returns the trainer."""
+    trainer, reward_fn = build_trainer(cfg, **kwargs)
+    try:
+        trainer.train()
+        trainer.save_model()
+    finally:
+        reward_fn.close()
+    return trainer
+
+
+def config_from_dict(data: dict[str, Any]) -> GRPOKernelConfig:
+    """A config from plain data (a JSON file); unknown keys are an error that lists the known ones."""
+    known = {f.name for f in dataclasses.fields(GRPOKernelConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+    if "model" not in data:
+        raise ValueError("the training config needs 'model' (a Hugging Face id or a local path)")
+    return GRPOKernelConfig(**data)

@@ -1,0 +1,129 @@
+"""The evaluator as a TRL reward function: one call scores a whole generation batch.
+
+TRL calls ``reward_func(prompts=..., completions=..., completion_ids=..., **columns)`` once per
+batch. :class:`KernelRewardFunction` evaluates every completion against the problem named by its
+``problem_key`` column, concurrently across the Evaluator's workers (one per GPU), turns each
+result into a number with a reward preset picked by name, and logs the batch's correct rate and
+speedups through TRL's ``log_metric`` / ``log_extra`` hooks when the trainer provides them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kb_gym.config import EvalConfig
+from kb_gym.evaluator import Evaluator
+from kb_gym.problems import Problem, load_problems
+from kb_gym.result import EvalResult, valid_speedup
+from kb_gym.rewards import get_reward, is_correct
+
+
+@dataclass
+class KernelRewardConfig:
+    """How :class:`KernelRewardFunction` evaluates and scores.
+
+    Args:
+        reward: a reward preset name from ``kb_gym.rewards`` (``"default"``, ``"fast_p"``, ``"kevin"``,
+            ``"drkernel"`` or one registered by the user), with ``reward_kwargs`` bound to it.
+        dataset: where ``problem_key`` values are looked up (anything ``load_problems`` takes).
+        devices: the Evaluator's devices when the function builds its own (``"auto"``: every GPU).
+        eval_config: the EvalConfig of every evaluation (None: the defaults).
+        results_path: JSONL file every result is appended to (None: the default store, False: none).
+        name: the name TRL logs the reward under.
+    """
+
+    reward: str = "default"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset: str | Sequence[Problem] = "builtin"
+    devices: str | Sequence[str] = "auto"
+    eval_config: EvalConfig | None = None
+    results_path: str | bool | None = None
+    name: str = "kernel_reward"
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a string, or the content of the last message of a conversation."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return str(completion.get("content", ""))
+    if isinstance(completion, Sequence) and completion:
+        last = completion[-1]
+        return str(last.get("content", "")) if isinstance(last, Mapping) else str(last)
+    return ""
+
+
+class KernelRewardFunction:
+    """A TRL reward function over kb_gym's evaluator.
+
+    Pass it in ``GRPOTrainer(reward_funcs=[KernelRewardFunction()])`` with a dataset from
+    :func:`~kb_gym.training.build_prompt_dataset` (its ``problem_key`` column names the problem).
+    A completion whose problem is unknown scores like a format error rather than stopping the
+    trainer. ``last_results`` keeps the batch's EvalResults for callbacks.
+    """
+
+    def __init__(self, config: KernelRewardConfig | None = None, *, evaluator: Evaluator | None = None) -> None:
+        self.config = config or KernelRewardConfig()
+        self.__name__ = self.config.name  # TRL names the reward column and its metrics by this
+        self._reward = get_reward(self.config.reward, **self.config.reward_kwargs)
+        problems = load_problems(self.config.dataset)
+        self.problems: dict[str, Problem] = {p.key: p for p in problems}
+        self._own_evaluator = evaluator is None
+        self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,
+                                                results_path=self.config.results_path)
+        self.last_results: list[EvalResult] = []
+
+    def close(self) -> None:
+        if self._own_evaluator:
+            self.evaluator.close()
+
+    def __enter__(self) -> KernelRewardFunction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), *,
+                 problem_key: Sequence[str], log_metric: Any = None, log_extra: Any = None,
+                 **_: Any) -> list[float]:
+        if len(problem_key) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
+        futures = []
+        for key, completion in zip(problem_key, completions, strict=True):
+            problem = self.problems.get(key)
+            text = completion_text(completion)
+            if problem is None:
+                futures.append(None)
+            else:
+                futures.append(self.evaluator.submit(problem, text))
+        results = [f.result() if f is not None else self._unknown(key) for f, key in zip(futures, problem_key,
+                                                                                          strict=True)]
+        self.last_results = results
+        rewards = [float(self._reward(r)[0]) for r in results]
+        if log_metric is not None:
+            for name, value in batch_metrics(results).items():
+                log_metric(f"{self.__name__}/{name}", value)
+        if log_extra is not None:
+            log_extra("status", [r.status for r in results])
+            log_extra("speedup", [valid_speedup(r.speedup) for r in results])
+        return rewards
+
+    def _unknown(self, key: str) -> EvalResult:
+        known = ", ".join(sorted(self.problems)[:5])
+        return EvalResult(status="format_error", problem_name=str(key),
+                          error=f"no problem with key {key!r} in the reward's dataset (e.g. {known})")
+
+
+def batch_metrics(results: Sequence[EvalResult]) -> dict[str, float]:
+    """Fractions correct, compiled and faster than the baseline (with speed credit), and the mean
+    speedup of the correct results that earned speed credit."""
+    n = max(1, len(results))
+    correct = [r for r in results if is_correct(r)]
+    speedups = [s for s in (valid_speedup(r.speedup) for r in correct if r.speed_credit is not False) if s is not None]
+    compiled = sum(r.status in ("correct", "incorrect", "runtime_error", "timeout") for r in results)
+    return {"correct": len(correct) / n, "compiled": compiled / n,
+            "fast_1": sum(s > 1 for s in speedups) / n,
+            "speedup_mean_correct": statistics.fmean(speedups) if speedups else 0.0}
