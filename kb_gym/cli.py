@@ -147,6 +147,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate_model(args: argparse.Namespace) -> int:
+    from kb_gym.report import format_table
+    from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
+
+    cfg = ModelEvalConfig(model=args.model, dataset=args.dataset, level=args.level, backend=args.backend,
+                          samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                          batch_size=args.batch_size, eval_devices=args.device,
+                          eval_config=_key_values(args.eval, "eval"), out_dir=args.out)
+    summary = evaluate_model(cfg)
+    print(format_table(summary))
+    print(f"results, summary.json, summary.csv and fast_p.png in {args.out}")
+    return 0
+
+
 def cmd_soak(args: argparse.Namespace) -> int:
     from kb_gym.soak import format_soak, run_soak
 
@@ -221,6 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
                    help="an EvalConfig field, e.g. --eval trials=3")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate-model", help="generate answers with a checkpoint, evaluate them, write fast_p")
+    p.add_argument("--model", required=True, help="Hugging Face model id or local path")
+    _add_dataset(p)
+    p.add_argument("--level", type=int, choices=(1, 2, 3), default=None)
+    p.add_argument("--backend", default="triton", help="prompt backend: triton or cuda")
+    p.add_argument("--samples", type=int, default=1, help="answers per problem")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    _add_device(p)
+    p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE", help="an EvalConfig field")
+    p.add_argument("--out", default="kb_gym_eval", help="output folder")
+    p.set_defaults(func=cmd_evaluate_model)
 
     p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")
     _add_device(p)

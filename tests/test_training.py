@@ -155,3 +155,40 @@ def test_train_config_errors_name_the_problem():
         config_from_dict({"model": "m", "epochs": 3})
     with pytest.raises(ValueError, match="needs 'model'"):
         config_from_dict({})
+
+
+def test_evaluate_model_writes_results_summaries_and_plot(tmp_path):
+    """A fixed policy that answers ReLU with its solution and everything else with prose."""
+    import json
+
+    from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
+
+    relu_code = next(p.code for p in load_problems("builtin") if p.key == RELU).strip()
+
+    def policy(batch):
+        return [f"```python\n{SOLUTION}```" if relu_code in messages[-1]["content"] else "I cannot do this one."
+                for messages in batch]
+
+    cfg = ModelEvalConfig(model="fixed-policy", level=1, samples=2, eval_devices="cpu", out_dir=str(tmp_path),
+                          eval_config={"trials": 1, "timing_min_reps": 3, "timing_max_reps": 4}, batch_size=3)
+    summary = evaluate_model(cfg, generate=policy)
+    n = len(load_problems("builtin", level=1))
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * n
+    statuses = {json.loads(line)["problem_name"]: json.loads(line)["status"] for line in lines}
+    assert statuses["1_ReLU"] == "correct" and sum(s == "format_error" for s in statuses.values()) == n - 1
+    assert summary["all"]["n_tasks"] == n and summary["all"]["fast_0"] == pytest.approx(1 / n)
+    assert json.loads((tmp_path / "summary.json").read_text())["samples"] == 2
+    assert (tmp_path / "summary.csv").read_text().startswith("group,") and (tmp_path / "fast_p.png").exists()
+
+
+def test_cli_evaluate_model_with_a_local_model(tmp_path, capsys):
+    from kb_gym.cli import main
+
+    model, tokenizer = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    assert main(["evaluate-model", "--model", str(tmp_path / "tiny"), "--level", "3", "--device", "cpu",
+                 "--max-new-tokens", "4", "--out", str(tmp_path / "eval"), "--eval", "trials=1"]) == 0
+    assert "fast_1" in capsys.readouterr().out.replace("fast_1.0", "fast_1")
+    assert (tmp_path / "eval" / "summary.json").exists()

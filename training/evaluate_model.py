@@ -1,0 +1,127 @@
+"""Evaluate a checkpoint: generate answers with it, evaluate them, write the fast_p table
+(``kb-gym evaluate-model``).
+
+Outputs in ``out_dir``: ``results.jsonl`` (every EvalResult, in problem then sample order), ``summary.json``
+and ``summary.csv`` (per level and over all: correct rate, fast_p for p = 0, 0.5, 0.8, 1, 1.5, 2,
+geometric-mean speedup, best-of-k) and ``fast_p.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kb_gym.config import EvalConfig
+from kb_gym.evaluator import Evaluator
+from kb_gym.metrics import DEFAULT_PS, load_results, summarize
+from kb_gym.problems import Problem, load_problems
+from kb_gym.prompts import DEFAULT_BACKEND, build_messages
+from kb_gym.report import plot_fast_p
+
+GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
+
+
+@dataclass
+class ModelEvalConfig:
+    """What ``kb-gym evaluate-model`` runs.
+
+    Args:
+        model: a Hugging Face model id or local path (a causal LM with a chat template).
+        dataset, level: the problems (anything ``load_problems`` takes).
+        samples: answers per problem (fast_p uses all of them; ``best_of`` keeps each problem's best).
+        temperature: 0 is greedy (then ``samples`` > 1 repeats the same answer); > 0 samples.
+        max_new_tokens, batch_size: generation limits (prompts per ``generate`` call).
+        eval_devices, eval_config: the evaluator's devices and EvalConfig fields.
+        out_dir: where results, summaries and the plot go.
+    """
+
+    model: str
+    dataset: str = "builtin"
+    level: int | None = None
+    backend: str = DEFAULT_BACKEND
+    one_shot: bool = True
+    samples: int = 1
+    temperature: float = 0.0
+    max_new_tokens: int = 4096
+    batch_size: int = 8
+    eval_devices: str = "auto"
+    eval_config: dict[str, Any] = field(default_factory=dict)
+    out_dir: str = "kb_gym_eval"
+    ps: Sequence[float] = DEFAULT_PS
+
+
+def hf_generate_fn(model: Any, tokenizer: Any, cfg: ModelEvalConfig) -> GenerateFn:
+    """Batched ``model.generate`` over chat prompts (left padding, the model's chat template)."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    def generate(batch: list[list[dict[str, str]]]) -> list[str]:
+        texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in batch]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        sampling = {"do_sample": True, "temperature": cfg.temperature} if cfg.temperature > 0 else {"do_sample": False}
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling)
+        return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    return generate
+
+
+def load_hf_model(name: str) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model.eval(), tokenizer
+
+
+def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) -> dict[str, Any]:
+    """Generate ``samples`` answers per problem, evaluate them all and write the outputs.
+
+    ``generate`` replaces the Hugging Face model (a function from chat prompts to answers: a
+    vLLM server client, or a fixed policy in tests). Returns the summary (as ``summary.json``).
+    """
+    if cfg.samples < 1:
+        raise ValueError(f"samples must be at least 1, got {cfg.samples}")
+    problems = load_problems(cfg.dataset, level=cfg.level)
+    if generate is None:
+        model, tokenizer = load_hf_model(cfg.model)
+        generate = hf_generate_fn(model, tokenizer, cfg)
+    jobs: list[tuple[Problem, int]] = [(p, k) for p in problems for k in range(cfg.samples)]
+    answers: list[str] = []
+    for start in range(0, len(jobs), max(1, cfg.batch_size)):
+        batch = jobs[start:start + cfg.batch_size]
+        answers += generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    results_path.unlink(missing_ok=True)
+    with Evaluator(cfg.eval_devices, config=EvalConfig(**cfg.eval_config), results_path=results_path) as ev:
+        ev.evaluate_many([(p, text) for (p, _), text in zip(jobs, answers, strict=True)], progress=True)
+    results = load_results(results_path)
+    summary = summarize(results, ps=cfg.ps)
+    (out / "summary.json").write_text(json.dumps({"model": cfg.model, "dataset": str(cfg.dataset),
+                                                  "samples": cfg.samples, "summary": summary}, indent=1))
+    _write_csv(out / "summary.csv", summary)
+    plot_fast_p(results, out / "fast_p.png", title=f"fast_p: {cfg.model}")
+    return summary
+
+
+def _write_csv(path: Path, summary: dict[str, dict[str, Any]]) -> None:
+    columns = [k for k in next(iter(summary.values())) if k != "best_of"]
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["group", *columns])
+        for group, row in summary.items():
+            writer.writerow([group, *(row.get(c) for c in columns)])
