@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_gym import EvalConfig, Evaluator
+from kb_gym import EvalConfig, EvalResult, Evaluator
 from kb_gym.demo import WRONG_RELU
 from kb_gym.problems import BUILTIN_DIR, load_problems
 from kb_gym.training import (
@@ -192,3 +192,53 @@ def test_cli_evaluate_model_with_a_local_model(tmp_path, capsys):
                  "--max-new-tokens", "4", "--out", str(tmp_path / "eval"), "--eval", "trials=1"]) == 0
     assert "fast_1" in capsys.readouterr().out.replace("fast_1.0", "fast_1")
     assert (tmp_path / "eval" / "summary.json").exists()
+
+
+def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
+    from kb_gym.training import KernelToolEnvFactory
+
+    factory = KernelToolEnvFactory("builtin", max_submissions=2, evaluator=reward_fn.evaluator)
+    env = factory()
+    nothing = env.get_reward() if env.reset(problem_key=RELU) is None else None
+    wrong = env.submit_kernel(WRONG_RELU)
+    assert wrong.startswith("incorrect:") and "1 submission(s) left" in wrong
+    right = env.submit_kernel(SOLUTION)
+    assert right.startswith("correct:") and "0 submission(s) left" in right
+    assert "limit reached" in env.submit_kernel(SOLUTION) and len(env.results) == 2
+    default = reward_fn._reward
+    assert env.get_reward() == max(default(r)[0] for r in env.results) > nothing
+    assert nothing == default(EvalResult(status="format_error"))[0]
+    env.reset(problem_key=RELU)
+    assert env.results == [] and env.get_reward() == nothing  # a new rollout starts clean
+    assert "level9/404" in env.reset(problem_key="level9/404") and "No problem" in env.submit_kernel("x")
+    factory.close()  # the shared evaluator is not the factory's to close
+    assert reward_fn.evaluator.evaluate(factory.problems[RELU], SOLUTION).status == "correct"
+
+
+def test_grpo_trainer_accepts_the_tool_environment(tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from kb_gym.training import KernelToolEnvFactory
+
+    model, tokenizer = tiny_causal_lm()
+    tokenizer.chat_template = qwen3_chat_template  # a template TRL knows how to parse tool calls from
+    made = []
+
+    class Recording(KernelToolEnvFactory):
+        def __call__(self):
+            made.append(super().__call__())
+            return made[-1]
+
+    with Evaluator("cpu", config=SMALL, results_path=False) as ev:
+        factory = Recording("builtin", evaluator=ev)
+        trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
+                                                           report_to=[], **GRPO_STEP),
+                              train_dataset=build_prompt_dataset("builtin", level=1, one_shot=False),
+                              processing_class=tokenizer, environment_factory=factory)
+        trainer.train()
+    logged = trainer.state.log_history[0]
+    # Each rollout's environment was reset onto its row's problem through the problem_key column.
+    assert made and all(env.problem is not None and env.problem.level == 1 for env in made)
+    # No tool call from a random model: every rollout earns the no-submission reward.
+    assert logged["reward"] == pytest.approx(factory.reward(EvalResult(status="format_error"))[0])

@@ -1,4 +1,5 @@
-"""TRL integration: prompt datasets and the evaluator as a GRPO reward function."""
+"""TRL integration: prompt datasets, the evaluator as a GRPO reward function, a submit_kernel tool
+environment, GRPO training and checkpoint evaluation (``kb-gym train``, ``kb-gym evaluate-model``)."""
 
 from kb_gym.training.dataset import build_prompt_dataset, prompt_rows
 from kb_gym.training.reward_function import (
@@ -7,6 +8,7 @@ from kb_gym.training.reward_function import (
     batch_metrics,
     completion_text,
 )
+from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory
 
-__all__ = ["KernelRewardConfig", "KernelRewardFunction", "batch_metrics", "build_prompt_dataset",
-           "completion_text", "prompt_rows"]
+__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "batch_metrics",
+           "build_prompt_dataset", "completion_text", "prompt_rows"]
