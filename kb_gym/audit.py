@@ -1,11 +1,12 @@
 """``kb-gym audit``: which problems a trivial candidate can pass.
 
-Four candidates that compute nothing useful (zeros, the first input, a constant, the reference run
-in bfloat16) are evaluated against every problem. A problem where one of them passes has outputs
-the tolerance cannot tell apart from a shortcut; the correctness check flags such problems
-``degenerate_problem`` and demands a relative error the zeros and the input cannot meet; where a
-trivial output is the answer to within rounding, results get ``unverifiable_output`` (no speed credit
-under ``strict``). The reference itself runs as a control: it must pass everywhere.
+Five candidates that compute nothing useful (zeros, the first input, a constant, the answer for
+other inputs, the reference run in bfloat16) are evaluated against every problem. A problem where
+one of them passes has outputs the tolerance cannot tell apart from a shortcut; the correctness
+check flags such problems ``degenerate_problem`` and demands a relative error the zeros and the
+input cannot meet; where a trivial output is the answer to within rounding, results get
+``unverifiable_output`` (no speed credit under ``strict``). The reference itself runs as a control:
+it must pass everywhere.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def _kb_map(out, fn):
     if isinstance(out, (list, tuple)):
         return type(out)(_kb_map(o, fn) for o in out)
     return fn(out) if isinstance(out, torch.Tensor) else out
+
+
+def _kb_other(model, args):
+    # The reference's answer on other inputs (seed 1234), computed once per model: what a kernel that
+    # ignores its inputs (or computes one row and repeats it) would return.
+    if "_kb_other" not in model.__dict__:
+        torch.manual_seed(1234)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        with torch.device(device):
+            other = [o.to(a.dtype) if isinstance(o, torch.Tensor) and isinstance(a, torch.Tensor) else o
+                     for o, a in zip(get_inputs(), args)]
+        model.__dict__["_kb_other"] = Model.forward(model, *other)
+    return model.__dict__["_kb_other"]
 '''
 
 TRIVIAL: dict[str, str] = {
@@ -46,21 +60,17 @@ class ModelNew(Model):
     "constant": '''
 class ModelNew(Model):
     def forward(self, *args):
-        out = super().forward(*args)  # for the shapes only
-        if "_means" not in self.__dict__:
-            # The reference's mean output on other inputs (seed 1234): a constant these inputs do not
-            # move, as a kernel that hard-codes the typical answer of a huge reduction would return.
-            torch.manual_seed(1234)
-            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-            with torch.device(device):
-                other = [o.to(a.dtype) if isinstance(o, torch.Tensor) and isinstance(a, torch.Tensor) else o
-                         for o, a in zip(get_inputs(), args)]
-            means = []
-            _kb_map(super().forward(*other), lambda t: means.append(t.double().mean().item()))
-            self.__dict__["_means"] = means
-        means = iter(self.__dict__["_means"])
-        return _kb_map(out, lambda t: torch.full_like(t, next(means) if t.is_floating_point()
-                                                      else round(next(means))))
+        # One value per output: the mean of the answer on other inputs (a hard-coded typical answer).
+        means = []
+        _kb_map(_kb_other(self, args), lambda t: means.append(t.double().mean().item()))
+        means = iter(means)
+        return _kb_map(_kb_other(self, args), lambda t: torch.full_like(t, next(means) if t.is_floating_point()
+                                                                         else round(next(means))))
+''',
+    "other_input": '''
+class ModelNew(Model):
+    def forward(self, *args):
+        return _kb_map(_kb_other(self, args), lambda t: t.clone())
 ''',
     "bf16_reference": '''
 import copy

@@ -184,3 +184,12 @@ def test_identity_resolved_by_the_widened_trial_is_not_unverifiable(ev):
     honest = ev.evaluate(problem, _candidate("torch.clamp(x, min=0)"), config=CHECK)
     assert honest.status == "correct" and "degenerate_problem" in honest.flags
     assert "unverifiable_output" not in honest.flags
+
+
+def test_an_output_the_inputs_do_not_move_is_unverifiable(ev):
+    """level3/28_VisionTransformer and 3_DeepNarrowMLP of the official set give the same answer for any
+    input (to 1e-5): one row computed and repeated passes, so no speed credit can be earned there."""
+    problem = _problem("96_InputBlind", "torch.ones(x.shape[0], 8) * 3.0 + x.mean() * 1e-9", "torch.randn(64, 256)")
+    repeated = ev.evaluate(problem, _candidate("(torch.ones(1, 8) * 3.0).expand(x.shape[0], 8).contiguous()"),
+                           config=CHECK)
+    assert repeated.status == "correct" and "unverifiable_output" in repeated.flags and not repeated.speed_credit
