@@ -91,34 +91,14 @@ def test_batch_metrics_of_nothing_is_zero():
     assert batch_metrics([]) == {"correct": 0.0, "compiled": 0.0, "fast_1": 0.0, "speedup_mean_correct": 0.0}
 
 
-def tiny_causal_lm():
-    """A one-layer Llama with a character tokenizer and a chat template, built offline in a second."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(["<pad>", "<eos>", "<unk>", "\n", "\t", *map(chr, range(32, 127))])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                        unk_token="<unk>")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}assistant: {% endif %}")
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         max_position_embeddings=8192, pad_token_id=0, bos_token_id=1,
-                                         eos_token_id=1))
-    return model, tokenizer
-
-
 GRPO_STEP = {"per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 8, "max_steps": 1,
              "logging_steps": 1, "save_strategy": "no"}
 
 
-def test_grpo_trainer_scores_its_generations_with_the_kernel_reward(tmp_path):
+def test_grpo_trainer_scores_its_generations_with_the_kernel_reward(tiny_lm, tmp_path):
     from kb_gym.training.grpo import GRPOKernelConfig, build_trainer
 
-    model, tokenizer = tiny_causal_lm()
+    model, tokenizer = tiny_lm
     cfg = GRPOKernelConfig(model="tiny", level=1, one_shot=False, eval_devices="cpu",
                            eval_config={"trials": 1, "timing": False}, results_path=str(tmp_path / "r.jsonl"),
                            grpo={**GRPO_STEP, "output_dir": str(tmp_path / "out")})
@@ -134,10 +114,10 @@ def test_grpo_trainer_scores_its_generations_with_the_kernel_reward(tmp_path):
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
 
 
-def test_cli_train_runs_a_local_model_and_saves_it(tmp_path, capsys):
+def test_cli_train_runs_a_local_model_and_saves_it(tiny_lm, tmp_path, capsys):
     from kb_gym.cli import main
 
-    model, tokenizer = tiny_causal_lm()
+    model, tokenizer = tiny_lm
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "trained"
@@ -182,10 +162,10 @@ def test_evaluate_model_writes_results_summaries_and_plot(tmp_path):
     assert (tmp_path / "summary.csv").read_text().startswith("group,") and (tmp_path / "fast_p.png").exists()
 
 
-def test_cli_evaluate_model_with_a_local_model(tmp_path, capsys):
+def test_cli_evaluate_model_with_a_local_model(tiny_lm, tmp_path, capsys):
     from kb_gym.cli import main
 
-    model, tokenizer = tiny_causal_lm()
+    model, tokenizer = tiny_lm
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     assert main(["evaluate-model", "--model", str(tmp_path / "tiny"), "--level", "3", "--device", "cpu",
@@ -215,13 +195,13 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
     assert reward_fn.evaluator.evaluate(factory.problems[RELU], SOLUTION).status == "correct"
 
 
-def test_grpo_trainer_accepts_the_tool_environment(tmp_path):
+def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen3_chat_template
 
     from kb_gym.training import KernelToolEnvFactory
 
-    model, tokenizer = tiny_causal_lm()
+    model, tokenizer = tiny_lm
     tokenizer.chat_template = qwen3_chat_template  # a template TRL knows how to parse tool calls from
     made = []
 
