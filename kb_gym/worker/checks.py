@@ -52,9 +52,14 @@ def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work:
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    diff = (a.float() - b.float()).norm().item()
-    scale = b.float().norm().item()
-    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+    """||a - b|| / ||b|| in float64, slice by slice (no full-size temporaries)."""
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    sq_diff = sq_ref = 0.0
+    for lo in range(0, fa.numel(), CHUNK):
+        sa, sb = fa[lo:lo + CHUNK].double(), fb[lo:lo + CHUNK].double()
+        sq_diff += float(_norm(sa - sb).item()) ** 2
+        sq_ref += float(_norm(sb).item()) ** 2
+    return (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
 
 
 def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
@@ -135,7 +140,8 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
             sq_ref += float(_norm(rd[_isfinite(rd)], dtype=torch.float64).item()) ** 2
         del cd, rd, close, diff, finite
     frac = bad / cf.numel()
-    degenerate = any(t.shape == r.shape and _all_close(t, r, atol, rtol, work) for t in trivial)
+    passing = [t for t in trivial if t.shape == r.shape and _all_close(t, r, atol, rtol, work)]
+    degenerate = bool(passing)
     if bad or nans:
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(r.shape))) if first >= 0 else ()
         where = (f"; first mismatch at index {index}: got {cf[first].item():.6g}, expected {rf[first].item():.6g}"
@@ -156,7 +162,7 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         # Trivial outputs pass the elementwise test: demand a relative L2 error well below theirs.
         # When a trivial output is right to within rounding (ReLU of non-negative inputs is the input),
         # no bound can separate it from an honest kernel: the runtime's widened trial does instead.
-        trivial_err = min(_rel_l2(t, r) for t in trivial if t.shape == r.shape)
+        trivial_err = min(_rel_l2(t, r) for t in passing)
         bound = min(max(atol, rtol) * 10, 0.3 * trivial_err)
         err = _rel_l2(c, r)
         if trivial_err <= TRIVIAL_ERR_FLOOR:
