@@ -62,9 +62,10 @@ def test_rewards_order_a_batch_and_log_metrics(reward_fn):
     completions = [answer(SOLUTION), answer(WRONG_RELU), [{"role": "assistant", "content": "no code, sorry"}],
                    answer(SOLUTION)]
     keys = [RELU, RELU, RELU, "level9/404_Missing"]
-    rewards = reward_fn(prompts=[[]] * 4, completions=completions, completion_ids=[[]] * 4, problem_key=keys,
-                        log_metric=logged.__setitem__, log_extra=lambda col, vals: extra.setdefault(col, vals),
-                        trainer_state=None)
+    with pytest.warns(UserWarning, match="level9/404_Missing"):
+        rewards = reward_fn(prompts=[[]] * 4, completions=completions, completion_ids=[[]] * 4, problem_key=keys,
+                            log_metric=logged.__setitem__, log_extra=lambda col, vals: extra.setdefault(col, vals),
+                            trainer_state=None)
     statuses = [r.status for r in reward_fn.last_results]
     assert statuses == ["correct", "incorrect", "format_error", "format_error"], [r.error for r in
                                                                                   reward_fn.last_results]

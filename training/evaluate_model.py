@@ -80,7 +80,7 @@ def load_hf_model(name: str) -> tuple[Any, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(name)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model.eval(), tokenizer

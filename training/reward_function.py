@@ -10,6 +10,7 @@ speedups through TRL's ``log_metric`` / ``log_extra`` hooks when the trainer pro
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ class KernelRewardFunction:
         self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,
                                                 results_path=self.config.results_path)
         self.last_results: list[EvalResult] = []
+        self._warned = False
 
     def close(self) -> None:
         if self._own_evaluator:
@@ -113,8 +115,11 @@ class KernelRewardFunction:
 
     def _unknown(self, key: str) -> EvalResult:
         known = ", ".join(sorted(self.problems)[:5])
-        return EvalResult(status="format_error", problem_name=str(key),
-                          error=f"no problem with key {key!r} in the reward's dataset (e.g. {known})")
+        message = f"no problem with key {key!r} in the reward's dataset (e.g. {known})"
+        if not self._warned:  # every such sample scores as a format error: say so once, loudly
+            warnings.warn(f"{message}; is KernelRewardConfig.dataset the training set's dataset?", stacklevel=3)
+            self._warned = True
+        return EvalResult(status="format_error", problem_name=str(key), error=message)
 
 
 def batch_metrics(results: Sequence[EvalResult]) -> dict[str, float]:
