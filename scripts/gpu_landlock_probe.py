@@ -19,6 +19,8 @@ VARIANTS = {
     # /dev + /tmp /run /var /proc /sys together. One path at a time narrows it down:
     **{f"full, + {extra}": (f"[scratch, '/dev', '{extra}']", None)
        for extra in ("/tmp", "/run", "/var", "/proc", "/sys")},
+    # glibc names another thread by writing /proc/self/task/TID/comm; the driver names its threads.
+    "full, + /proc/<own pid>": ("[scratch, '/dev', f'/proc/{os.getpid()}']", None),
 }
 
 CHILD = """
