@@ -38,7 +38,8 @@ def _limits() -> None:
 
 
 def _confine_writes(scratch: Path, cpu: bool) -> dict:
-    """Landlock the worker to writing in its scratch folder, the extension build cache and /dev.
+    """Landlock the worker to writing in its scratch folder, the extension build cache, /dev and its own
+    /proc entry.
 
     KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on for CPU workers only: on the H200 image
     (driver 580, Landlock ABI 7) CUDA initialisation under the full ruleset fails with error 304;
@@ -56,7 +57,9 @@ def _confine_writes(scratch: Path, cpu: bool) -> dict:
         os.environ[name] = str(path)
     tempfile.tempdir = str(caches["TMPDIR"])
     extensions = os.environ.get("KB_GYM_EXTENSIONS_DIR")
-    writable = [str(scratch), "/dev"]
+    # /proc/<own pid>: glibc names another thread by writing /proc/self/task/TID/comm (drivers name
+    # their threads); the entry covers only this process, not the evaluator or other workers.
+    writable = [str(scratch), "/dev", f"/proc/{os.getpid()}"]
     if extensions:
         Path(extensions).mkdir(parents=True, exist_ok=True)
         writable.append(extensions)

@@ -182,6 +182,24 @@ def test_writing_outside_the_scratch_folder_is_refused(ev, relu, tmp_path):
 
 
 @landlock
+def test_a_landlocked_worker_names_its_threads_but_not_the_evaluators(ev, relu):
+    """pthread_setname_np on another thread writes /proc/self/task/TID/comm (the CUDA driver names its
+    threads); the worker's own /proc entry is writable, the evaluator's is out of reach (refused by
+    Landlock, or not even visible from the worker's PID namespace)."""
+    names = ("import ctypes, threading\n"
+             "_stop = threading.Event()\n_t = threading.Thread(target=_stop.wait)\n_t.start()\n"
+             "RC = ctypes.CDLL(None).pthread_setname_np(ctypes.c_ulong(_t.ident), b'kb-named')\n"
+             "_stop.set()\n_t.join()\n"
+             "assert RC == 0, RC\n")
+    r = ev.evaluate(relu, candidate(names), config=FAST)
+    assert r.status == "correct" and r.worker["landlock"] >= 1, (r.status, r.error)
+    parent = ev.evaluate(relu, candidate(f"open('/proc/{os.getpid()}/comm', 'w').write('x')"), config=FAST)
+    assert parent.status == "compile_error", parent.error
+    assert "Permission denied" in parent.error or "No such file" in parent.error, parent.error
+    assert_recovers(ev, relu)
+
+
+@landlock
 def test_without_namespaces_landlock_still_guards_signals_and_network(relu, monkeypatch):
     from kb_gym import sandbox
     from kb_gym.worker.landlock import abi_version
