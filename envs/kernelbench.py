@@ -14,7 +14,7 @@ from kb_gym.config import EvalConfig
 from kb_gym.envs.spaces import CodeText
 from kb_gym.evaluator import MAX_TEXT_CHARS, Evaluator
 from kb_gym.extract import extract_code
-from kb_gym.problems import Problem, ProblemError, get_problem, load_problems
+from kb_gym.problems import Problem, ProblemError, exclude_problems, get_problem, load_problems
 from kb_gym.result import EvalResult
 from kb_gym.rewards import MultiTurnReward, is_correct, is_penalised, valid_speedup
 from kb_gym.rewards.multi_turn import MODES as REWARD_MODES
@@ -110,7 +110,8 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
 
     ``dataset`` ("official": KB_GYM_DATASET or the Hugging Face dataset; "builtin" works offline;
     a folder, a .jsonl/.parquet file or a list of Problems), ``level`` (1, 2, 3 or None),
-    ``subset`` (problem ids or names to keep), ``device`` ("auto", "cpu", "cuda", "cuda:1"; used
+    ``subset`` (problem ids or names to keep), ``exclude`` (problem keys to leave out, e.g.
+    ``kb_gym.audit.passable_problems("audit.jsonl")``), ``device`` ("auto", "cpu", "cuda", "cuda:1"; used
     when the env creates its evaluator), ``max_turns``, ``reward``, ``reward_kwargs``,
     ``reward_mode``, ``target_speedup``, ``baseline`` ("eager" or "compile"), ``precision``
     ("fp32", "fp16", "bf16"), ``tolerance`` (a preset name), ``integrity`` (the policy name),
@@ -125,6 +126,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
 
     def __init__(self, dataset: Any = "official", level: int | None = None, *,
                  subset: list[int | str] | tuple[int | str, ...] | None = None,
+                 exclude: list[str] | tuple[str, ...] | None = None,
                  device: str = "auto", max_turns: int = 1, reward: Any = "default",
                  reward_kwargs: dict[str, Any] | None = None, reward_mode: str = "improvement",
                  target_speedup: float | None = None, baseline: str | None = None,
@@ -147,7 +149,9 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
             raise TypeError(f"evaluator must be a kb_gym.Evaluator or None, got {type(evaluator).__name__}")
 
         self.level = level
-        self.problems = _select(load_problems(dataset, level), subset)
+        self.problems = exclude_problems(_select(load_problems(dataset, level), subset), exclude)
+        if not self.problems:
+            raise ProblemError("exclude leaves no problems")
         too_long = [p.key for p in self.problems if len(p.code) > MAX_TEXT_CHARS]
         if too_long:
             raise ProblemError(f"reference code longer than {MAX_TEXT_CHARS:,} characters: {', '.join(too_long)}")

@@ -154,6 +154,15 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
     return row
 
 
+def passable_problems(rows: str | os.PathLike | Sequence[dict[str, Any]]) -> list[str]:
+    """Keys of the problems an audit found a trivial candidate passes, or whose results are
+    unverifiable: the ones to leave out of a training set (``exclude=`` of the envs and datasets).
+    ``rows``: ``run_audit``'s rows or the JSONL file ``kb-gym audit --out`` wrote."""
+    if isinstance(rows, (str, os.PathLike)):
+        rows = [json.loads(line) for line in Path(rows).read_text().splitlines() if line.strip()]
+    return [r["problem"] for r in rows if r.get("passed_by") or r.get("unverifiable")]
+
+
 def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:
     """A row per problem, then the totals and every problem a trivial candidate passed or the
     reference failed."""

@@ -62,6 +62,20 @@ def get_problem(problems: Sequence[Problem], *, problem_id: int | None = None,
                        f"{', '.join(p.key for p in matches[:5])}; give the level too")
 
 
+def exclude_problems(problems: Sequence[Problem], exclude: Iterable[str] | None) -> list[Problem]:
+    """``problems`` without those named in ``exclude`` (keys like ``"level2/80_Gemm_Max_Subtract_GELU"``).
+
+    Entries that name no problem here are ignored, so one list (say, every problem an audit found
+    passable, see ``kb_gym.audit.passable_problems``) serves every level.
+    """
+    if exclude is None:
+        return list(problems)
+    if isinstance(exclude, str):
+        raise TypeError("exclude takes a list of problem keys, not one string")
+    drop = set(exclude)
+    return [p for p in problems if p.key not in drop]
+
+
 def _load_any(dataset: DatasetSpec, level: int | None) -> list[Problem]:
     if isinstance(dataset, (list, tuple)):
         return _from_list(dataset)

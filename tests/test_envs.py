@@ -200,6 +200,19 @@ def test_subset(evaluator):
         make(subset=[99])
 
 
+def test_exclude_leaves_problems_out(evaluator):
+    keep = make("KernelBench-L1-v0", evaluator=evaluator, exclude=["level1/1_ReLU", "level2/1_NotHere"])
+    try:
+        names = [p.name for p in keep.unwrapped.problems]
+        assert "1_ReLU" not in names and len(names) == len(kb_gym.load_problems("builtin", level=1)) - 1
+    finally:
+        keep.close()
+    with pytest.raises(ProblemError, match="exclude leaves no problems"):
+        make("KernelBench-L1-v0", evaluator=evaluator, subset=[1], exclude=["level1/1_ReLU"])
+    with pytest.raises(TypeError, match="list of problem keys"):
+        make("KernelBench-L1-v0", evaluator=evaluator, exclude="level1/1_ReLU")
+
+
 def test_bad_arguments(evaluator):
     with pytest.raises(ValueError, match="max_turns"):
         make(max_turns=0)

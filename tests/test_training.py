@@ -223,3 +223,18 @@ def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
     assert made and all(env.problem is not None and env.problem.level == 1 for env in made)
     # No tool call from a random model: every rollout earns the no-submission reward.
     assert logged["reward"] == pytest.approx(factory.reward(EvalResult(status="format_error"))[0])
+
+
+def test_prompt_dataset_leaves_out_what_an_audit_found_passable(tmp_path):
+    import json
+
+    from kb_gym.audit import passable_problems
+
+    audit = tmp_path / "audit.jsonl"
+    audit.write_text("\n".join(json.dumps(r) for r in [
+        {"problem": RELU, "passed_by": ["zeros"], "unverifiable": True},
+        {"problem": "level1/3_RowSoftmax", "passed_by": [], "unverifiable": False},
+        {"problem": "level2/80_Elsewhere", "passed_by": [], "unverifiable": True}]) + "\n")
+    assert passable_problems(audit) == [RELU, "level2/80_Elsewhere"]
+    ds = build_prompt_dataset("builtin", level=1, exclude=passable_problems(audit))
+    assert RELU not in ds["problem_key"] and len(ds) == len(load_problems("builtin", level=1)) - 1

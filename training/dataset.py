@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kb_gym.problems import Problem, load_problems
+from kb_gym.problems import Problem, exclude_problems, load_problems
 from kb_gym.prompts import DEFAULT_BACKEND, PromptBackend, build_messages, build_prompt
 
 
@@ -27,18 +27,20 @@ def prompt_rows(problems: Sequence[Problem], backend: str | PromptBackend = DEFA
 
 def build_prompt_dataset(dataset: str | Sequence[Problem] = "builtin", *, level: int | None = None,
                          backend: str | PromptBackend = DEFAULT_BACKEND, conversational: bool = True,
-                         system: bool = True, one_shot: bool = True, repeat: int = 1) -> Any:
+                         system: bool = True, one_shot: bool = True, repeat: int = 1,
+                         exclude: Sequence[str] | None = None) -> Any:
     """A ``datasets.Dataset`` of prompts for ``dataset`` (any source :func:`load_problems` takes).
 
     ``conversational``: ``prompt`` is a list of chat messages (TRL applies the model's chat
     template), else one string. ``system=False`` folds the rules into the user message, for chat
     templates without a system role. ``repeat`` lists every problem that many times (an epoch over a
-    small set then holds more steps).
+    small set then holds more steps). ``exclude``: problem keys to leave out (for instance
+    ``kb_gym.audit.passable_problems("audit.jsonl")``: problems a trivial output passes).
     """
     from datasets import Dataset
 
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    problems = load_problems(dataset, level=level)
+    problems = exclude_problems(load_problems(dataset, level=level), exclude)
     rows = prompt_rows(problems, backend, conversational=conversational, system=system, one_shot=one_shot)
     return Dataset.from_list(rows * repeat)
