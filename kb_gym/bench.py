@@ -89,7 +89,7 @@ def _small_problem_walls(ev: Evaluator, repeats: int) -> dict[str, Any]:
         walls.append(time.perf_counter() - t0)
         stages.append(r.stage_seconds)
     return {"problem": problem.key, "status": r.status, "wall_s": walls, "median_wall_s": statistics.median(walls),
-            "stage_seconds": stages[-1]}
+            "stage_seconds": stages[-1], "timing_reps": r.timing_reps}
 
 
 def _progress(row: dict[str, Any]) -> None:
@@ -119,5 +119,5 @@ def format_report(report: dict[str, Any]) -> str:
     if small:
         stages = ", ".join(f"{k} {v:.3f}s" for k, v in small["stage_seconds"].items())
         lines.append(f"warm worker, Triton candidate on {small['problem']}: median wall {small['median_wall_s']:.3f}s "
-                     f"per evaluation ({stages})")
+                     f"per evaluation ({stages}; {small.get('timing_reps', '?')} timed pairs)")
     return "\n".join(lines)
