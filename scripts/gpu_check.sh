@@ -5,7 +5,8 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS.
+#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS;
+#   KB_GYM_LANDLOCK=try confines GPU workers with Landlock when CUDA runs under their ruleset.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
 # resumes from .device/audit.jsonl when one was carried (a copy of an earlier run's $OUT/audit.jsonl).
@@ -21,6 +22,11 @@ export PYTHONPATH=$SITE KB_GYM_DATASET=$PWD/.device/kernelbench KB_GYM_CACHE=/tm
 nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -P -c "from kb_gym.worker.landlock import abi_version; print('landlock ABI', abi_version())"
+if [ "${KB_GYM_LANDLOCK:-}" = try ]; then  # confine GPU workers if CUDA runs under their ruleset here
+  if python3 -P scripts/gpu_landlock_probe.py --worker-ruleset; then export KB_GYM_LANDLOCK=1
+  else export KB_GYM_LANDLOCK=0; fi
+  echo "KB_GYM_LANDLOCK=$KB_GYM_LANDLOCK"
+fi
 kb() { python3 -P -m kb_gym.cli "$@"; }
 
 part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status

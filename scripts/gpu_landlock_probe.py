@@ -2,7 +2,8 @@
 CUDA tensor op, a Triton kernel and a cuBLAS matmul. Run on the GPU machine (scripts/gpu_check.sh probe).
 
 A variant prints `ok` or the first line of its error; `strace`, when the image has it, lists the
-calls the failing full ruleset refused.
+calls the failing full ruleset refused. ``--worker-ruleset``: only the ruleset a GPU worker applies
+(``_confine_writes``), exit status 0 when CUDA works under it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ VARIANTS = {
     "full, + /proc/<own pid>": ("[scratch, '/dev', f'/proc/{os.getpid()}']", None),
 }
 
+WORKER_RULESET = """
+import os, sys, tempfile
+from pathlib import Path
+os.environ['KB_GYM_LANDLOCK'] = '1'
+from kb_gym.worker.__main__ import _confine_writes
+print(_confine_writes(Path(tempfile.mkdtemp()), cpu=False), file=sys.stderr)
+"""
+
 CHILD = """
 import os, sys, tempfile
 from kb_gym.worker.landlock import restrict_writes
@@ -41,7 +50,21 @@ print('ok')
 """
 
 
+def worker_ruleset_works() -> bool:
+    """Whether CUDA, Triton and cuBLAS run under the exact ruleset a GPU worker would apply."""
+    code = tempfile.mktemp(suffix=".py")
+    body = CHILD.split("import torch", 1)[1]
+    with open(code, "w") as fh:
+        fh.write(WORKER_RULESET + "import torch" + body)
+    p = subprocess.run([sys.executable, "-P", code], capture_output=True, text=True, timeout=300)
+    ok = (p.stdout.strip().splitlines() or [""])[-1] == "ok"
+    print(f"worker ruleset under CUDA: {'ok' if ok else 'FAILS: ' + p.stderr.strip()[-300:]}")
+    return ok
+
+
 def main() -> int:
+    if "--worker-ruleset" in sys.argv:  # exit status only: used by gpu_check.sh to pick KB_GYM_LANDLOCK
+        return 0 if worker_ruleset_works() else 1
     failing = None
     for name, (paths, abi) in VARIANTS.items():
         code = tempfile.mktemp(suffix=".py")  # a file: Triton reads a kernel's source from it

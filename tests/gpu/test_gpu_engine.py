@@ -5,6 +5,8 @@ Run on the device machine by scripts/gpu_check.sh; skipped elsewhere (tests/conf
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
@@ -224,6 +226,17 @@ def test_compile_baseline(relu):
 def test_worker_runs_in_namespaces(ev, relu):
     r = ev.evaluate(relu, _solution(relu))
     assert r.worker["pid_namespace"] and r.worker["network_namespace"], r.worker
+
+
+@pytest.mark.skipif(os.environ.get("KB_GYM_LANDLOCK") != "1", reason="GPU workers are Landlocked only with "
+                    "KB_GYM_LANDLOCK=1 (scripts/gpu_check.sh sets it under KB_GYM_LANDLOCK=try when CUDA works)")
+def test_landlocked_gpu_worker_runs_kernels_and_writes_only_in_scratch(ev, relu, tmp_path):
+    honest = ev.evaluate(relu, _solution(relu))
+    assert honest.status == "correct" and honest.worker["landlock"] >= 1, (honest.error, honest.worker)
+    target = tmp_path / "escaped.txt"
+    escape = _solution(relu).replace("class ModelNew", f"open({str(target)!r}, 'w').write('x')\n\nclass ModelNew", 1)
+    r = ev.evaluate(relu, escape, config=ev.config.replace(integrity="off"))
+    assert r.status == "compile_error" and "Permission denied" in r.error and not target.exists(), r.error
 
 
 ALWAYS_ONES_PROBLEM = '''
