@@ -1,6 +1,7 @@
 """Loaders: every dataset source named in DESIGN.md -> list[Problem].
 
-Sources: ``"official"`` (KB_GYM_DATASET, else the Hugging Face dataset), ``"builtin"``, a folder of
+Sources: ``"official"`` (KB_GYM_DATASET, else the Hugging Face dataset), ``"builtin"``,
+``"synthetic"`` / ``"synthetic:N"`` / ``"synthetic:N:SEED"`` (generated, see synthetic.py), a folder of
 problem files (flat or ``level1/ level2/ level3/``), a folder of ``level_N.jsonl``/``.parquet``
 files, one ``.jsonl`` or ``.parquet`` file in the Hugging Face schema, or a list of Problems.
 """
@@ -84,9 +85,14 @@ def _load_any(dataset: DatasetSpec, level: int | None) -> list[Problem]:
             return _from_folder(BUILTIN_DIR, level)
         if dataset == "official":
             return _load_official(level)
-        raise ProblemError(
-            "dataset='synthetic' is not available in this version of kb_gym; "
-            "use 'builtin', 'official' or a folder/JSONL/parquet of problems")
+    if isinstance(dataset, str) and dataset.split(":")[0] == "synthetic":
+        from kb_gym.problems.synthetic import generate_problems, parse_spec
+
+        try:
+            n, seed = parse_spec(dataset)
+            return generate_problems(n, seed, level=level)
+        except ValueError as exc:
+            raise ProblemError(str(exc)) from None
     if isinstance(dataset, (str, os.PathLike)):
         path = Path(dataset).expanduser()
         if not path.exists():

@@ -211,7 +211,7 @@ def test_official_hub_failure_is_a_problem_error(monkeypatch):
 def test_unknown_dataset_name_lists_known_names():
     message = error_of("nope")
     assert "'nope'" in message
-    for known in ("official", "builtin", "synthetic"):
+    for known in ("official", "builtin", "synthetic"):  # synthetic:N[:SEED] too
         assert known in message
 
 
