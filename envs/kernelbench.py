@@ -109,6 +109,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
     ## Arguments
 
     ``dataset`` ("official": KB_GYM_DATASET or the Hugging Face dataset; "builtin" works offline;
+    "synthetic" or "synthetic:N[:SEED]": generated problems;
     a folder, a .jsonl/.parquet file or a list of Problems), ``level`` (1, 2, 3 or None),
     ``subset`` (problem ids or names to keep), ``exclude`` (problem keys to leave out, e.g.
     ``kb_gym.audit.passable_problems("audit.jsonl")``), ``device`` ("auto", "cpu", "cuda", "cuda:1"; used
