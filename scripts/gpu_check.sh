@@ -5,7 +5,7 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS;
+#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS;
 #   KB_GYM_LANDLOCK=try confines GPU workers with Landlock when CUDA runs under their ruleset.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
@@ -38,7 +38,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
     audit) [ -f .device/audit.jsonl ] && cp .device/audit.jsonl "$OUT/audit.jsonl"
-           timeout "${AUDIT_SECONDS:-540}" python3 -P -m kb_gym.cli audit --dataset official \
+           timeout "${AUDIT_SECONDS:-540}" python3 -P -m kb_gym.cli audit --dataset "${AUDIT_DATASET:-official}" \
              ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "${AUDIT_DEVICE:-auto}" \
              --out "$OUT/audit.jsonl" ;;
     *) echo "unknown part $1"; return 2 ;;
