@@ -128,6 +128,7 @@ def _key_values(pairs: list[str], what: str) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
+    from kb_gym.training.errors import ModelLoadError
     from kb_gym.training.grpo import config_from_dict, train
 
     data = json.loads(Path(args.config).read_text()) if args.config else {}
@@ -142,20 +143,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = config_from_dict(data)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"kb-gym train: {exc}") from None
-    trainer = train(cfg)
+    try:
+        trainer = train(cfg)
+    except ModelLoadError as exc:  # one line, not a traceback
+        raise SystemExit(f"kb-gym train: {exc}") from None
     print(f"trained {trainer.state.global_step} step(s); model saved to {trainer.args.output_dir}")
     return 0
 
 
 def cmd_evaluate_model(args: argparse.Namespace) -> int:
     from kb_gym.report import format_table
+    from kb_gym.training.errors import ModelLoadError
     from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
 
     cfg = ModelEvalConfig(model=args.model, dataset=args.dataset, level=args.level, backend=args.backend,
                           samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size, eval_devices=args.device,
                           eval_config=_key_values(args.eval, "eval"), out_dir=args.out)
-    summary = evaluate_model(cfg)
+    try:
+        summary = evaluate_model(cfg)
+    except ModelLoadError as exc:
+        raise SystemExit(f"kb-gym evaluate-model: {exc}") from None
     print(format_table(summary))
     print(f"results, summary.json, summary.csv and fast_p.png in {args.out}")
     return 0

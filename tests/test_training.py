@@ -238,3 +238,13 @@ def test_prompt_dataset_leaves_out_what_an_audit_found_passable(tmp_path):
     assert passable_problems(audit) == [RELU, "level2/80_Elsewhere"]
     ds = build_prompt_dataset("builtin", level=1, exclude=passable_problems(audit))
     assert RELU not in ds["problem_key"] and len(ds) == len(load_problems("builtin", level=1)) - 1
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate-model"])
+def test_cli_names_a_model_it_cannot_load(command, tmp_path):
+    from kb_gym.cli import main
+
+    with pytest.raises(SystemExit, match="cannot load model '/nonexistent/model'"):
+        main([command, "--model", "/nonexistent/model", "--device", "cpu", "--level", "1"]
+             + (["--out", str(tmp_path)] if command == "evaluate-model" else
+                ["--grpo", f"output_dir={tmp_path}"]))

@@ -2,6 +2,7 @@
 environment, GRPO training and checkpoint evaluation (``kb-gym train``, ``kb-gym evaluate-model``)."""
 
 from kb_gym.training.dataset import build_prompt_dataset, prompt_rows
+from kb_gym.training.errors import ModelLoadError
 from kb_gym.training.reward_function import (
     KernelRewardConfig,
     KernelRewardFunction,
@@ -10,5 +11,5 @@ from kb_gym.training.reward_function import (
 )
 from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory
 
-__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "batch_metrics",
-           "build_prompt_dataset", "completion_text", "prompt_rows"]
+__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "ModelLoadError",
+           "batch_metrics", "build_prompt_dataset", "completion_text", "prompt_rows"]

@@ -21,6 +21,7 @@ from kb_gym.metrics import DEFAULT_PS, load_results, summarize
 from kb_gym.problems import Problem, load_problems
 from kb_gym.prompts import DEFAULT_BACKEND, build_messages
 from kb_gym.report import plot_fast_p
+from kb_gym.training.errors import ModelLoadError
 
 GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
 
@@ -78,9 +79,12 @@ def load_hf_model(name: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load model {name!r}: {exc}") from exc
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model.eval(), tokenizer

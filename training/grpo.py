@@ -14,6 +14,7 @@ from typing import Any
 
 from kb_gym.config import EvalConfig
 from kb_gym.training.dataset import build_prompt_dataset
+from kb_gym.training.errors import ModelLoadError
 from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
 
 
@@ -67,6 +68,9 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
     try:
         trainer = GRPOTrainer(model=model if model is not None else cfg.model, reward_funcs=[reward_fn],
                               args=GRPOConfig(**grpo), train_dataset=dataset, processing_class=processing_class)
+    except OSError as exc:
+        reward_fn.close()
+        raise ModelLoadError(f"cannot load model {cfg.model!r}: {exc}") from exc
     except BaseException:
         reward_fn.close()
         raise
