@@ -139,6 +139,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         data["eval_devices"] = args.device
     data["grpo"] = {**data.get("grpo", {}), **_key_values(args.grpo, "grpo")}
     data["eval_config"] = {**data.get("eval_config", {}), **_key_values(args.eval, "eval")}
+    if args.exclude_audit:
+        from kb_gym.audit import passable_problems
+
+        data["exclude"] = sorted(set(data.get("exclude", [])) | set(passable_problems(args.exclude_audit)))
     try:
         cfg = config_from_dict(data)
     except (ValueError, TypeError) as exc:
@@ -242,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a GRPOConfig field, e.g. --grpo max_steps=100 --grpo num_generations=8")
     p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
                    help="an EvalConfig field, e.g. --eval trials=3")
+    p.add_argument("--exclude-audit", default=None, metavar="AUDIT.jsonl",
+                   help="leave out the problems this kb-gym audit found a trivial output passes")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate-model", help="generate answers with a checkpoint, evaluate them, write fast_p")

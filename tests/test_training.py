@@ -122,8 +122,10 @@ def test_cli_train_runs_a_local_model_and_saves_it(tiny_lm, tmp_path, capsys):
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "trained"
+    audit = tmp_path / "audit.jsonl"
+    audit.write_text('{"problem": "level1/1_ReLU", "passed_by": ["zeros"]}\n')
     argv = ["train", "--model", str(tmp_path / "tiny"), "--level", "1", "--device", "cpu", "--eval", "trials=1",
-            "--eval", "timing=false", "--grpo", f"output_dir={out}"]
+            "--eval", "timing=false", "--grpo", f"output_dir={out}", "--exclude-audit", str(audit)]
     argv += [f"--grpo={k}={v}" for k, v in GRPO_STEP.items()]
     assert main(argv) == 0
     assert "trained 1 step(s)" in capsys.readouterr().out and (out / "config.json").exists()
@@ -248,3 +250,30 @@ def test_cli_names_a_model_it_cannot_load(command, tmp_path):
         main([command, "--model", "/nonexistent/model", "--device", "cpu", "--level", "1"]
              + (["--out", str(tmp_path)] if command == "evaluate-model" else
                 ["--grpo", f"output_dir={tmp_path}"]))
+
+
+def test_cli_train_builds_its_config_from_flags_file_and_audit(tmp_path, monkeypatch):
+    import json
+
+    import kb_gym.training.grpo as grpo
+    from kb_gym.cli import main
+
+    seen = {}
+
+    class Done:
+        state = type("S", (), {"global_step": 0})()
+        args = type("A", (), {"output_dir": "x"})()
+
+    monkeypatch.setattr(grpo, "train", lambda cfg: seen.setdefault("cfg", cfg) and Done())
+    (tmp_path / "train.json").write_text(json.dumps({"model": "from-file", "reward": "kevin",
+                                                     "grpo": {"max_steps": 5}, "exclude": ["level2/1_A"]}))
+    (tmp_path / "audit.jsonl").write_text('{"problem": "level1/1_ReLU", "passed_by": ["zeros"]}\n')
+    assert main(["train", "--config", str(tmp_path / "train.json"), "--model", "from-flag", "--grpo",
+                 "learning_rate=1e-6", "--eval", "trials=2", "--exclude-audit", str(tmp_path / "audit.jsonl")]) == 0
+    cfg = seen["cfg"]
+    assert cfg.model == "from-flag" and cfg.reward == "kevin" and cfg.eval_config == {"trials": 2}
+    assert cfg.grpo == {"max_steps": 5, "learning_rate": 1e-6}
+    assert cfg.exclude == ["level1/1_ReLU", "level2/1_A"]
+    with pytest.raises(SystemExit, match="unknown training option"):
+        (tmp_path / "bad.json").write_text(json.dumps({"model": "m", "epochs": 1}))
+        main(["train", "--config", str(tmp_path / "bad.json")])

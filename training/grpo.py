@@ -30,6 +30,7 @@ class GRPOKernelConfig:
         conversational: chat-message prompts (the model's chat template applies) or plain strings.
         one_shot: include the worked example in every prompt.
         repeat: list every problem this many times per epoch.
+        exclude: problem keys to leave out (``kb_gym.audit.passable_problems("audit.jsonl")``).
         reward, reward_kwargs: the reward preset by name, and its parameters.
         eval_devices: the evaluator's devices (``"auto"``: every visible GPU, else the CPU).
         eval_config: EvalConfig fields for every evaluation (``{"trials": 3}``).
@@ -44,6 +45,7 @@ class GRPOKernelConfig:
     conversational: bool = True
     one_shot: bool = True
     repeat: int = 1
+    exclude: list[str] = field(default_factory=list)
     reward: str = "default"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_devices: str = "auto"
@@ -60,7 +62,8 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
     from trl import GRPOConfig, GRPOTrainer
 
     dataset = build_prompt_dataset(cfg.dataset, level=cfg.level, backend=cfg.backend,
-                                   conversational=cfg.conversational, one_shot=cfg.one_shot, repeat=cfg.repeat)
+                                   conversational=cfg.conversational, one_shot=cfg.one_shot, repeat=cfg.repeat,
+                                   exclude=cfg.exclude)
     reward_fn = KernelRewardFunction(KernelRewardConfig(
         reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=cfg.dataset, devices=cfg.eval_devices,
         eval_config=EvalConfig(**cfg.eval_config), results_path=cfg.results_path))
