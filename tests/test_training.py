@@ -187,6 +187,7 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
     assert wrong.startswith("incorrect:") and "1 submission(s) left" in wrong
     right = env.submit_kernel(SOLUTION)
     assert right.startswith("correct:") and "0 submission(s) left" in right
+    env_results = [env.results[1], env.results[0]]  # correct first, then wrong: "last" takes the wrong one
     assert "limit reached" in env.submit_kernel(SOLUTION) and len(env.results) == 2
     default = reward_fn._reward
     assert env.get_reward() == max(default(r)[0] for r in env.results) > nothing
@@ -194,6 +195,12 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
     env.reset(problem_key=RELU)
     assert env.results == [] and env.get_reward() == nothing  # a new rollout starts clean
     assert "level9/404" in env.reset(problem_key="level9/404") and "No problem" in env.submit_kernel("x")
+    last = KernelToolEnvFactory("builtin", score="last", evaluator=reward_fn.evaluator)()
+    last.reset(problem_key=RELU)
+    last.results = list(env_results)
+    assert last.get_reward() == default(env_results[-1])[0] < max(default(r)[0] for r in env_results)
+    with pytest.raises(ValueError, match="score"):
+        KernelToolEnvFactory("builtin", score="mean", evaluator=reward_fn.evaluator)
     factory.close()  # the shared evaluator is not the factory's to close
     assert reward_fn.evaluator.evaluate(factory.problems[RELU], SOLUTION).status == "correct"
 

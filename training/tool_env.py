@@ -26,11 +26,13 @@ from kb_gym.rewards import get_reward
 class KernelToolEnv:
     """One rollout's environment: the problem from ``reset(problem_key=...)`` and its submissions."""
 
-    def __init__(self, evaluator: Evaluator, problems: dict[str, Problem], reward: Any, max_submissions: int) -> None:
+    def __init__(self, evaluator: Evaluator, problems: dict[str, Problem], reward: Any, max_submissions: int,
+                 score: str = "best") -> None:
         self._evaluator = evaluator
         self._problems = problems
         self._reward = reward
         self._max_submissions = max_submissions
+        self._score = score
         self.problem: Problem | None = None
         self.results: list[EvalResult] = []
 
@@ -61,9 +63,12 @@ class KernelToolEnv:
         return f"{result.status}: {result.feedback}\n({left} submission(s) left)"
 
     def get_reward(self) -> float:
-        """The best reward among this rollout's submissions (the format-error reward if none)."""
+        """The best (or, with ``score="last"``, the final) submission's reward; the format-error reward
+        when there was none."""
         if not self.results:
             return float(self._reward(EvalResult(status=Status.FORMAT_ERROR.value, error="no submission"))[0])
+        if self._score == "last":
+            return float(self._reward(self.results[-1])[0])
         return max(float(self._reward(r)[0]) for r in self.results)
 
 
@@ -74,15 +79,20 @@ class KernelToolEnvFactory:
         dataset: where ``problem_key`` values are looked up (anything ``load_problems`` takes).
         reward, reward_kwargs: the reward preset by name, and its parameters.
         max_submissions: tool calls evaluated per rollout; later calls are answered without running.
+        score: ``"best"`` (the best submission counts: free exploration) or ``"last"`` (the final one
+            counts: the model must end on its best kernel).
         evaluator: an Evaluator to share; else one is built on ``devices`` with ``eval_config``.
     """
 
     def __init__(self, dataset: str | Sequence[Problem] = "builtin", *, reward: str = "default",
-                 reward_kwargs: dict[str, Any] | None = None, max_submissions: int = 4,
+                 reward_kwargs: dict[str, Any] | None = None, max_submissions: int = 4, score: str = "best",
                  evaluator: Evaluator | None = None, devices: str | Sequence[str] = "auto",
                  eval_config: EvalConfig | None = None) -> None:
         if max_submissions < 1:
             raise ValueError(f"max_submissions must be at least 1, got {max_submissions}")
+        if score not in ("best", "last"):
+            raise ValueError(f"score must be 'best' or 'last', got {score!r}")
+        self.score = score
         self.problems = {p.key: p for p in load_problems(dataset)}
         self.reward = get_reward(reward, **(reward_kwargs or {}))
         self.max_submissions = max_submissions
@@ -90,7 +100,7 @@ class KernelToolEnvFactory:
         self.evaluator = evaluator or Evaluator(devices, config=eval_config)
 
     def __call__(self) -> KernelToolEnv:
-        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions)
+        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score)
 
     def close(self) -> None:
         if self._own_evaluator:
