@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kb_gym import EvalConfig, EvalResult, Evaluator
@@ -25,8 +27,9 @@ def answer(code: str) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def reward_fn():
-    with Evaluator("cpu", config=SMALL, results_path=False) as ev:
+def reward_fn(tmp_path_factory):
+    store = tmp_path_factory.mktemp("rewards") / "results.jsonl"
+    with Evaluator("cpu", config=SMALL, results_path=store) as ev:
         yield KernelRewardFunction(KernelRewardConfig(reward="default"), evaluator=ev)
 
 
@@ -71,6 +74,8 @@ def test_rewards_order_a_batch_and_log_metrics(reward_fn):
                                                                                   reward_fn.last_results]
     assert rewards[0] > rewards[1] > rewards[2] and rewards[3] == rewards[2]
     assert "level9/404_Missing" in reward_fn.last_results[3].error
+    recorded = reward_fn.evaluator.store.path.read_text().splitlines()[-4:]  # every sample, the unknown one too
+    assert sorted(json.loads(line)["status"] for line in recorded) == sorted(statuses)
     assert logged["kernel_reward/correct"] == 0.25 and logged["kernel_reward/compiled"] == 0.5
     assert extra["status"] == statuses and len(extra["speedup"]) == 4
     assert reward_fn.__name__ == "kernel_reward"

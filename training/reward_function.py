@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,16 +94,10 @@ class KernelRewardFunction:
                  **_: Any) -> list[float]:
         if len(problem_key) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
-        futures = []
-        for key, completion in zip(problem_key, completions, strict=True):
-            problem = self.problems.get(key)
-            text = completion_text(completion)
-            if problem is None:
-                futures.append(None)
-            else:
-                futures.append(self.evaluator.submit(problem, text))
-        results = [f.result() if f is not None else self._unknown(key) for f, key in zip(futures, problem_key,
-                                                                                          strict=True)]
+        # Submit the whole batch before waiting on any of it: the workers of every device share it.
+        futures = [self.evaluator.submit(self.problems[key], completion_text(c)) if key in self.problems else key
+                   for key, c in zip(problem_key, completions, strict=True)]
+        results = [f.result() if isinstance(f, Future) else self._unknown(f) for f in futures]
         self.last_results = results
         rewards = [float(self._reward(r)[0]) for r in results]
         if log_metric is not None:
@@ -119,7 +114,10 @@ class KernelRewardFunction:
         if not self._warned:  # every such sample scores as a format error: say so once, loudly
             warnings.warn(f"{message}; is KernelRewardConfig.dataset the training set's dataset?", stacklevel=3)
             self._warned = True
-        return EvalResult(status="format_error", problem_name=str(key), error=message)
+        result = EvalResult(status="format_error", problem_name=str(key), error=message, feedback=message)
+        if self.evaluator.store is not None:
+            self.evaluator.store.append(result)  # recorded like every other sample
+        return result
 
 
 def batch_metrics(results: Sequence[EvalResult]) -> dict[str, float]:
