@@ -170,10 +170,13 @@ def test_evaluate_model_writes_results_summaries_and_plot(tmp_path):
     assert (tmp_path / "summary.csv").read_text().startswith("group,") and (tmp_path / "fast_p.png").exists()
 
 
-def test_cli_evaluate_model_with_a_local_model(tiny_lm, tmp_path, capsys):
+@pytest.mark.parametrize("chat", [True, False], ids=["chat-template", "base-model"])
+def test_cli_evaluate_model_with_a_local_model(tiny_lm, tmp_path, capsys, chat):
     from kb_gym.cli import main
 
     model, tokenizer = tiny_lm
+    if not chat:
+        tokenizer.chat_template = None
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     assert main(["evaluate-model", "--model", str(tmp_path / "tiny"), "--level", "3", "--device", "cpu",
@@ -281,8 +284,10 @@ def test_cli_train_builds_its_config_from_flags_file_and_audit(tmp_path, monkeyp
                                                      "grpo": {"max_steps": 5}, "exclude": ["level2/1_A"]}))
     (tmp_path / "audit.jsonl").write_text('{"problem": "level1/1_ReLU", "passed_by": ["zeros"]}\n')
     assert main(["train", "--config", str(tmp_path / "train.json"), "--model", "from-flag", "--grpo",
-                 "learning_rate=1e-6", "--eval", "trials=2", "--exclude-audit", str(tmp_path / "audit.jsonl")]) == 0
+                 "learning_rate=1e-6", "--eval", "trials=2", "--exclude-audit", str(tmp_path / "audit.jsonl"),
+                 "--plain-prompts"]) == 0
     cfg = seen["cfg"]
+    assert cfg.conversational is False
     assert cfg.model == "from-flag" and cfg.reward == "kevin" and cfg.eval_config == {"trials": 2}
     assert cfg.grpo == {"max_steps": 5, "learning_rate": 1e-6}
     assert cfg.exclude == ["level1/1_ReLU", "level2/1_A"]

@@ -56,15 +56,21 @@ class ModelEvalConfig:
 
 
 def hf_generate_fn(model: Any, tokenizer: Any, cfg: ModelEvalConfig) -> GenerateFn:
-    """Batched ``model.generate`` over chat prompts (left padding, the model's chat template)."""
+    """Batched ``model.generate`` over chat prompts (left padding, the model's chat template; a model
+    without one gets the messages' text as one plain prompt)."""
     import torch
 
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
+    def render(messages: list[dict[str, str]]) -> str:
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages) + "\n\n"  # a base model: the plain prompt
+
     def generate(batch: list[list[dict[str, str]]]) -> list[str]:
-        texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in batch]
+        texts = [render(m) for m in batch]
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         sampling = {"do_sample": True, "temperature": cfg.temperature} if cfg.temperature > 0 else {"do_sample": False}
         with torch.no_grad():
