@@ -179,7 +179,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     from kb_gym.soak import format_soak, run_soak
 
     stats = run_soak(n=args.n, fault_rate=args.fault_rate, device=args.device, max_minutes=args.max_minutes,
-                     out=args.out)
+                     out=args.out, workers_per_device=args.workers_per_device)
     print(format_soak(stats))
     return 0 if stats["evaluator_exceptions"] == 0 and stats["lost_results"] == 0 else 1
 
@@ -273,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=1000)
     p.add_argument("--fault-rate", type=float, default=0.2)
     p.add_argument("--max-minutes", type=float, default=60.0)
+    p.add_argument("--workers-per-device", type=int, default=1,
+                   help="warm workers per device; they load side by side and take turns on the device")
     p.add_argument("--out", default=None, help="write the statistics as JSON here")
     p.set_defaults(func=cmd_soak)
 

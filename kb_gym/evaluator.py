@@ -62,11 +62,15 @@ class Evaluator:
         results_path: JSONL file every result is appended to; None = the default under the user
             cache folder, False = do not record.
         baseline_cache: a BaselineCache, None = the default file, False = none.
+        workers_per_device: warm workers per device. With more than one, a device's workers load and
+            compile side by side (a ``load_inline`` build no longer holds up the queue) and take
+            turns on the device itself: correctness and timing never overlap on one device.
     """
 
     def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | None = None, *,
                  results_path: str | os.PathLike | None | bool = None,
-                 baseline_cache: BaselineCache | None | bool = None, **overrides: Any) -> None:
+                 baseline_cache: BaselineCache | None | bool = None, workers_per_device: int = 1,
+                 **overrides: Any) -> None:
         self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
         self.devices = resolve_devices(devices)
         if results_path is False:
@@ -78,7 +82,11 @@ class Evaluator:
         else:
             self.baselines = baseline_cache if isinstance(baseline_cache, BaselineCache) else BaselineCache()
         self._queue: queue.Queue = queue.Queue()
-        self._workers = [WorkerHandle(d) for d in self.devices]
+        if isinstance(workers_per_device, bool) or not isinstance(workers_per_device, int) or workers_per_device < 1:
+            raise ValueError(f"workers_per_device must be an integer >= 1, got {workers_per_device!r}")
+        self.workers_per_device = workers_per_device
+        locks = {d: threading.Lock() for d in self.devices} if workers_per_device > 1 else {}
+        self._workers = [WorkerHandle(d, locks.get(d)) for d in self.devices for _ in range(workers_per_device)]
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False

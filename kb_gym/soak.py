@@ -78,7 +78,7 @@ def _sample(ev: Evaluator, me: int) -> dict[str, Any]:
 
 
 def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed: int = 0,
-             max_minutes: float = 60.0, out: str | None = None) -> dict[str, Any]:
+             max_minutes: float = 60.0, out: str | None = None, workers_per_device: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     problems = load_problems("builtin")
     honest = [(get_problem(problems, name=f"{p.parent.name}/{p.stem}"), p.read_text())
@@ -93,7 +93,7 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
     started = time.monotonic()
     deadline = started + max_minutes * 60
     me = psutil.Process().pid
-    with Evaluator(device, config=cfg, results_path=results_path) as ev:
+    with Evaluator(device, config=cfg, results_path=results_path, workers_per_device=workers_per_device) as ev:
         ev.warm()
         start_rss, start_gpu = _rss_mb(me, children=False), _gpu_used_mb()
         in_flight: dict[Future, float] = {}  # one job per worker: a queue would inflate the walls
@@ -120,7 +120,7 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
                 stats["faults"][name] = stats["faults"].get(name, 0) + 1
             else:
                 problem, source = rng.choice(honest)
-            while len(in_flight) >= len(ev.devices):
+            while len(in_flight) >= len(ev.worker_stats):
                 settle()
             t0 = time.perf_counter()
             try:
@@ -138,7 +138,7 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
         stats["samples"].append(_sample(ev, me))
         stats["elapsed_s"] = time.monotonic() - started
         stats["worker_restarts"] = sum(w["restarts"] for w in ev.worker_stats)
-        stats["workers"] = len(ev.devices)
+        stats["workers"] = len(ev.worker_stats)
     lines = sum(1 for _ in open(results_path))
     stats.update(results_recorded=lines, lost_results=stats["n"] - lines,
                  start_evaluator_rss_mb=start_rss, start_gpu_used_mb=start_gpu,

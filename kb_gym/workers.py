@@ -66,10 +66,17 @@ class _LogDrain(threading.Thread):
 
 
 class WorkerHandle:
-    """One warm worker process bound to one device."""
+    """One warm worker process bound to one device.
 
-    def __init__(self, device: str) -> None:
+    ``device_lock``: shared by the workers of one device when there are several. A worker then holds
+    it from its correctness stage to its result, so that loading and compiling (nvcc can take a
+    minute) overlap while kernels never run side by side, and timing sees the device alone.
+    """
+
+    def __init__(self, device: str, device_lock: threading.Lock | None = None) -> None:
         self.device = device
+        self.device_lock = device_lock
+        self.lock_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
         self.proc: subprocess.Popen | None = None
         self.reader: MessageReader | None = None
         self.drain: _LogDrain | None = None
@@ -164,6 +171,18 @@ class WorkerHandle:
                 self.restarts += 1
             self.start()
         self.jobs += 1
+        if self.device_lock is not None:
+            job = {**job, "device_lock": True}
+        held_since: list[float] = []
+        try:
+            return self._run(job, stage_limits, memory_limit_mb, held_since)
+        finally:
+            if held_since:
+                self.lock_intervals.append((held_since[0], time.monotonic()))
+                self.device_lock.release()
+
+    def _run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
+             held_since: list[float]) -> dict[str, Any]:
         mark = self.drain.mark()
         stage = "load"
         stage_started = time.monotonic()
@@ -190,6 +209,16 @@ class WorkerHandle:
                 continue
             if msg.get("type") == "stage":
                 stage = str(msg.get("stage"))
+                stage_started = time.monotonic()
+                continue
+            if msg.get("type") == "acquire":
+                if self.device_lock is not None and not held_since:
+                    self.device_lock.acquire()  # the wait is not the worker's time: the clock restarts
+                    held_since.append(time.monotonic())
+                try:
+                    write_message(self.proc.stdin.fileno(), {"type": "granted"})
+                except OSError as exc:
+                    return self._fail("crash", f"could not grant the device to the worker ({exc})", mark, stage)
                 stage_started = time.monotonic()
                 continue
             if msg.get("type") == "result" and msg.get("job_id") == job["job_id"]:

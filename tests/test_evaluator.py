@@ -328,3 +328,36 @@ def test_one_shot_evaluate_shares_a_worker(relu):
     shared = _shared.pop(("cpu",))
     assert shared.worker_stats[0]["jobs"] == 2 and shared.worker_stats[0]["restarts"] == 0
     shared.close()
+
+
+SLOW_IMPORT = '''
+import time
+import torch
+time.sleep(1.5)  # stands in for a load_inline build: CPU work at import, no device
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+def test_workers_of_one_device_load_side_by_side_and_take_turns_on_it(relu):
+    """Two workers on one device: two 1.5 s imports overlap, the device stages never do, and a crash
+    while holding the device hands it on."""
+    cfg = EvalConfig(trials=1, timing=False, integrity="off")
+    with Evaluator("cpu", config=cfg, results_path=False, workers_per_device=2) as ev:
+        ev.warm()
+        t0 = time.perf_counter()
+        results = ev.evaluate_many([(relu, SLOW_IMPORT), (relu, SLOW_IMPORT)])
+        wall = time.perf_counter() - t0
+        assert [r.status for r in results] == ["correct", "correct"], [r.error for r in results]
+        assert wall < 2.6, f"the two imports ran one after the other ({wall:.1f} s)"
+        crash = "import ctypes\nimport torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n" \
+                "        return ctypes.string_at(0)\n"
+        after = ev.evaluate_many([(relu, crash), (relu, SLOW_IMPORT), (relu, SLOW_IMPORT)])
+        assert [r.status for r in after] == ["crash", "correct", "correct"]
+        intervals = sorted(iv for h in ev._workers for iv in h.lock_intervals)
+        assert len(intervals) == 5 and all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:], strict=False)), intervals
+        assert all(w["jobs"] >= 2 for w in ev.worker_stats) and len(ev.worker_stats) == 2
+    with pytest.raises(ValueError, match="workers_per_device"):
+        Evaluator("cpu", workers_per_device=0)

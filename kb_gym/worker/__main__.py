@@ -91,11 +91,11 @@ def main() -> None:
 
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
-    ctx = WorkerContext(args.device, scratch, send)
+    reader = MessageReader(proto_in)
+    ctx = WorkerContext(args.device, scratch, send, receive=lambda: reader.read(None))
     warm_up(ctx, EvalConfig().to_dict())
     send({"type": "ready", "pid": os.getpid(), "scratch": str(scratch), "sandbox": sandbox,
           "startup_seconds": time.perf_counter() - started, "hardware": fingerprint(args.device)})
-    reader = MessageReader(proto_in)
     while True:
         try:
             job = reader.read(None)

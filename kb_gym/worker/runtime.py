@@ -44,9 +44,11 @@ class StageError(Exception):
 class WorkerContext:
     """What one worker keeps warm between evaluations."""
 
-    def __init__(self, device: str, scratch_root: Path, send: Callable[[dict], None]) -> None:
+    def __init__(self, device: str, scratch_root: Path, send: Callable[[dict], None],
+                 receive: Callable[[], dict | None] | None = None) -> None:
         self.device = torch.device(device)
         self.scratch_root = scratch_root
+        self.receive = receive
         self.extensions_root = Path(os.environ.get("KB_GYM_EXTENSIONS_DIR") or scratch_root / "torch_extensions")
         self.send = send
         self.counter = LaunchCounter()
@@ -57,6 +59,14 @@ class WorkerContext:
         self.originals = _harness_identity()
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.idle_gpu_bytes = self._gpu_bytes()
+
+    def acquire_device(self) -> None:
+        """Wait until the evaluator grants this worker the device (several workers share it: the
+        stages that run on it, correctness and timing, take turns; loading and compiling do not)."""
+        self.send({"type": "acquire"})
+        granted = self.receive() if self.receive is not None else None
+        if not granted or granted.get("type") != "granted":
+            raise StageError("crash", f"expected the device grant from the evaluator, got {granted!r}", restart=True)
 
     def speed_of_light_ms(self, inputs: list[Any], outputs: Any, model: Any, flops: int | None) -> float | None:
         """A time no correct kernel can beat on this device, with a 25% margin: every input and
@@ -320,6 +330,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         state["cand_model"] = cand_model
         result["compiled"] = True
     stages["load"] = time.perf_counter() - t0
+
+    if job.get("device_lock") and (cand_fn is not None or cfg["timing"]):
+        ctx.acquire_device()
 
     # --- correctness: fresh seeded inputs per trial, candidate runs first ---------------------
     if cand_fn is not None:
