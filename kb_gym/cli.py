@@ -139,6 +139,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         data["eval_devices"] = args.device
     if args.plain_prompts:
         data["conversational"] = False
+    if args.workers_per_device is not None:
+        data["workers_per_device"] = args.workers_per_device
     data["grpo"] = {**data.get("grpo", {}), **_key_values(args.grpo, "grpo")}
     data["eval_config"] = {**data.get("eval_config", {}), **_key_values(args.eval, "eval")}
     if args.exclude_audit:
@@ -248,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a GRPOConfig field, e.g. --grpo max_steps=100 --grpo num_generations=8")
     p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE",
                    help="an EvalConfig field, e.g. --eval trials=3")
+    p.add_argument("--workers-per-device", type=int, default=None,
+                   help="the evaluator's warm workers per device (compiles overlap, kernels take turns)")
     p.add_argument("--plain-prompts", action="store_true",
                    help="string prompts instead of chat messages (base models without a chat template)")
     p.add_argument("--exclude-audit", default=None, metavar="AUDIT.jsonl",

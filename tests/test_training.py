@@ -285,9 +285,9 @@ def test_cli_train_builds_its_config_from_flags_file_and_audit(tmp_path, monkeyp
     (tmp_path / "audit.jsonl").write_text('{"problem": "level1/1_ReLU", "passed_by": ["zeros"]}\n')
     assert main(["train", "--config", str(tmp_path / "train.json"), "--model", "from-flag", "--grpo",
                  "learning_rate=1e-6", "--eval", "trials=2", "--exclude-audit", str(tmp_path / "audit.jsonl"),
-                 "--plain-prompts"]) == 0
+                 "--plain-prompts", "--workers-per-device", "3"]) == 0
     cfg = seen["cfg"]
-    assert cfg.conversational is False
+    assert cfg.conversational is False and cfg.workers_per_device == 3
     assert cfg.model == "from-flag" and cfg.reward == "kevin" and cfg.eval_config == {"trials": 2}
     assert cfg.grpo == {"max_steps": 5, "learning_rate": 1e-6}
     assert cfg.exclude == ["level1/1_ReLU", "level2/1_A"]

@@ -33,6 +33,7 @@ class GRPOKernelConfig:
         exclude: problem keys to leave out (``kb_gym.audit.passable_problems("audit.jsonl")``).
         reward, reward_kwargs: the reward preset by name, and its parameters.
         eval_devices: the evaluator's devices (``"auto"``: every visible GPU, else the CPU).
+        workers_per_device: the evaluator's warm workers per device.
         eval_config: EvalConfig fields for every evaluation (``{"trials": 3}``).
         results_path: JSONL file of every evaluation (None: the default store under the cache).
         grpo: GRPOConfig fields (``output_dir``, ``max_steps``, ``num_generations``, ...).
@@ -49,6 +50,7 @@ class GRPOKernelConfig:
     reward: str = "default"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_devices: str = "auto"
+    workers_per_device: int = 1
     eval_config: dict[str, Any] = field(default_factory=dict)
     results_path: str | None = None
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -66,7 +68,8 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
                                    exclude=cfg.exclude)
     reward_fn = KernelRewardFunction(KernelRewardConfig(
         reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=cfg.dataset, devices=cfg.eval_devices,
-        eval_config=EvalConfig(**cfg.eval_config), results_path=cfg.results_path))
+        workers_per_device=cfg.workers_per_device, eval_config=EvalConfig(**cfg.eval_config),
+        results_path=cfg.results_path))
     grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}
     try:
         trainer = GRPOTrainer(model=model if model is not None else cfg.model, reward_funcs=[reward_fn],

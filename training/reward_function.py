@@ -32,6 +32,7 @@ class KernelRewardConfig:
             ``"drkernel"`` or one registered by the user), with ``reward_kwargs`` bound to it.
         dataset: where ``problem_key`` values are looked up (anything ``load_problems`` takes).
         devices: the Evaluator's devices when the function builds its own (``"auto"``: every GPU).
+        workers_per_device: its warm workers per device (compiles overlap; kernels take turns).
         eval_config: the EvalConfig of every evaluation (None: the defaults).
         results_path: JSONL file every result is appended to (None: the default store, False: none).
         name: the name TRL logs the reward under.
@@ -41,6 +42,7 @@ class KernelRewardConfig:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     dataset: str | Sequence[Problem] = "builtin"
     devices: str | Sequence[str] = "auto"
+    workers_per_device: int = 1
     eval_config: EvalConfig | None = None
     results_path: str | bool | None = None
     name: str = "kernel_reward"
@@ -75,7 +77,8 @@ class KernelRewardFunction:
         self.problems: dict[str, Problem] = {p.key: p for p in problems}
         self._own_evaluator = evaluator is None
         self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,
-                                                results_path=self.config.results_path)
+                                                results_path=self.config.results_path,
+                                                workers_per_device=self.config.workers_per_device)
         self.last_results: list[EvalResult] = []
         self._warned = False
 

@@ -81,13 +81,14 @@ class KernelToolEnvFactory:
         max_submissions: tool calls evaluated per rollout; later calls are answered without running.
         score: ``"best"`` (the best submission counts: free exploration) or ``"last"`` (the final one
             counts: the model must end on its best kernel).
-        evaluator: an Evaluator to share; else one is built on ``devices`` with ``eval_config``.
+        evaluator: an Evaluator to share; else one is built on ``devices`` with ``eval_config`` and
+            ``workers_per_device``.
     """
 
     def __init__(self, dataset: str | Sequence[Problem] = "builtin", *, reward: str = "default",
                  reward_kwargs: dict[str, Any] | None = None, max_submissions: int = 4, score: str = "best",
                  evaluator: Evaluator | None = None, devices: str | Sequence[str] = "auto",
-                 eval_config: EvalConfig | None = None) -> None:
+                 eval_config: EvalConfig | None = None, workers_per_device: int = 1) -> None:
         if max_submissions < 1:
             raise ValueError(f"max_submissions must be at least 1, got {max_submissions}")
         if score not in ("best", "last"):
@@ -97,7 +98,7 @@ class KernelToolEnvFactory:
         self.reward = get_reward(reward, **(reward_kwargs or {}))
         self.max_submissions = max_submissions
         self._own_evaluator = evaluator is None
-        self.evaluator = evaluator or Evaluator(devices, config=eval_config)
+        self.evaluator = evaluator or Evaluator(devices, config=eval_config, workers_per_device=workers_per_device)
 
     def __call__(self) -> KernelToolEnv:
         return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score)
