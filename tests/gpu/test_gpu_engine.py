@@ -169,6 +169,26 @@ def test_load_inline_builds_and_same_name_extensions_do_not_collide(ev, relu):
     assert third.status == "correct", third.error
 
 
+def test_two_workers_build_cuda_side_by_side_and_take_turns_on_the_gpu(relu, tmp_path):
+    """workers_per_device=2: two fresh load_inline builds (tens of seconds of nvcc each) overlap, the
+    GPU stages do not, and both kernels are judged as one worker would judge them."""
+    import time
+
+    # Sources no earlier test built (the build cache is keyed by source): 1.0f * 1 and 1.0f / 1.
+    sources = [CUDA_RELU.replace("SCALE_VALUE", "(1.0f * 1)"), CUDA_RELU.replace("SCALE_VALUE", "(1.0f / 1)")]
+    with Evaluator("cuda:0", results_path=False, workers_per_device=2, trials=2, timing_max_reps=20,
+                   load_timeout=240) as two:
+        two.warm()
+        t0 = time.perf_counter()
+        results = two.evaluate_many([(relu, s) for s in sources])
+        wall = time.perf_counter() - t0
+        intervals = sorted(iv for h in two._workers for iv in h.lock_intervals)
+    assert [r.status for r in results] == ["correct", "correct"], [r.error for r in results]
+    loads = [r.stage_seconds["load"] for r in results]
+    assert wall < 0.8 * sum(loads) + 15, (wall, loads)  # the builds overlapped
+    assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:], strict=False)), intervals
+
+
 def test_cuda_compile_error_is_compile_error_with_compiler_message(ev, relu):
     broken = CUDA_RELU.replace("SCALE_VALUE", "1.0f").replace("fmaxf(x[i], 0.0f)", "fmaxf(x[i], undefined_symbol)")
     r = ev.evaluate(relu, broken)
