@@ -215,7 +215,9 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
 
 def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
-    from trl.chat_template_utils import qwen3_chat_template
+    qwen3_chat_template = getattr(pytest.importorskip("trl.chat_template_utils"), "qwen3_chat_template", None)
+    if qwen3_chat_template is None:
+        pytest.skip("this TRL has no Qwen3 template to parse tool calls with")
 
     from kb_gym.training import KernelToolEnvFactory
 
