@@ -77,36 +77,40 @@ def _linear(p: _Program, rng: random.Random) -> None:
     p.parts.append("Linear")
     p.constant("batch_size", rng.choice([64, 128, 256]))
     p.constant("in_features", rng.choice([256, 512, 1024]), init=True)
-    p.constant("out_features", rng.choice([256, 512, 1024]), init=True)
+    out_features = rng.choice([256, 512, 1024])
+    p.constant("out_features", out_features, init=True)
     p.members.append("self.linear = nn.Linear(in_features, out_features)")
     p.forward.append("x = self.linear(x)")
     p.inputs.append("torch.randn(batch_size, in_features)")
-    p.bias_shape, p.norm_dim = (p.constants[-1][1],), "out_features"
+    p.bias_shape, p.norm_dim = (out_features,), "out_features"
 
 
 def _conv2d(p: _Program, rng: random.Random) -> None:
     p.parts.append("Conv2d")
     p.constant("batch_size", rng.choice([8, 16]))
     p.constant("in_channels", rng.choice([3, 8, 16]), init=True)
-    out_channels = p.constant("out_channels", rng.choice([16, 32]), init=True)
-    p.bias_shape = (dict(p.constants)[out_channels], 1, 1)
+    out_channels = rng.choice([16, 32])
+    p.constant("out_channels", out_channels, init=True)
     p.constant("kernel_size", rng.choice([3, 5]), init=True)
-    p.constant("height", rng.choice([32, 64]))
-    p.constant("width", p.constants[-1][1])
+    side = rng.choice([32, 64])
+    p.constant("height", side)
+    p.constant("width", side)
     p.members.append("self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)")
     p.forward.append("x = self.conv(x)")
     p.inputs.append("torch.randn(batch_size, in_channels, height, width)")
+    p.bias_shape = (out_channels, 1, 1)
 
 
 def _bmm(p: _Program, rng: random.Random) -> None:
     p.parts.append("BatchedMatmul")
     p.constant("batch_size", rng.choice([8, 16]))
-    for name in ("m", "k", "n"):
-        p.constant(name, rng.choice([128, 256, 512]))
+    sizes = {name: rng.choice([128, 256, 512]) for name in ("m", "k", "n")}
+    for name, value in sizes.items():
+        p.constant(name, value)
     p.args = ["x", "y"]
     p.forward.append("x = torch.bmm(x, y)")
     p.inputs += ["torch.randn(batch_size, m, k)", "torch.randn(batch_size, k, n)"]
-    p.feature_dim, p.norm_dim, p.bias_shape = "2", "n", (dict(p.constants)["n"],)
+    p.feature_dim, p.norm_dim, p.bias_shape = "2", "n", (sizes["n"],)
 
 
 def _elementwise_input(p: _Program, rng: random.Random) -> None:

@@ -32,12 +32,15 @@ from kb_gym.worker.__main__ import _confine_writes
 print(_confine_writes(Path(tempfile.mkdtemp()), cpu=False), file=sys.stderr)
 """
 
-CHILD = """
+VARIANT_RULESET = """
 import os, sys, tempfile
 from kb_gym.worker.landlock import restrict_writes
 scratch = tempfile.mkdtemp()
 os.environ['TRITON_CACHE_DIR'] = scratch + '/triton'; os.environ['TMPDIR'] = scratch
 print(restrict_writes({paths}, max_abi={abi}), file=sys.stderr)
+"""
+
+CUDA_CHECK = """
 import torch
 x = torch.ones(256, 256, device='cuda')
 import triton, triton.language as tl
@@ -53,9 +56,8 @@ print('ok')
 def worker_ruleset_works() -> bool:
     """Whether CUDA, Triton and cuBLAS run under the exact ruleset a GPU worker would apply."""
     code = tempfile.mktemp(suffix=".py")
-    body = CHILD.split("import torch", 1)[1]
     with open(code, "w") as fh:
-        fh.write(WORKER_RULESET + "import torch" + body)
+        fh.write(WORKER_RULESET + CUDA_CHECK)
     p = subprocess.run([sys.executable, "-P", code], capture_output=True, text=True, timeout=300)
     ok = (p.stdout.strip().splitlines() or [""])[-1] == "ok"
     print(f"worker ruleset under CUDA: {'ok' if ok else 'FAILS: ' + p.stderr.strip()[-300:]}")
@@ -69,7 +71,7 @@ def main() -> int:
     for name, (paths, abi) in VARIANTS.items():
         code = tempfile.mktemp(suffix=".py")  # a file: Triton reads a kernel's source from it
         with open(code, "w") as fh:
-            fh.write(CHILD.format(paths=paths, abi=abi))
+            fh.write(VARIANT_RULESET.format(paths=paths, abi=abi) + CUDA_CHECK)
         p = subprocess.run([sys.executable, "-P", code], capture_output=True, text=True, timeout=300)
         last = (p.stdout.strip().splitlines() or [""])[-1]
         err = [line for line in p.stderr.splitlines() if "Error" in line or "error" in line]

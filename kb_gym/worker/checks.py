@@ -135,9 +135,9 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         if n_bad and first < 0:
             first = lo + int((~close).nonzero()[0, 0].item())
         bad += n_bad
-        if not bad:  # needed only while every element passes
+        if not bad:  # needed only while every element passes; then only equal infinities are not finite
             sq_diff += float(_norm(diff[finite], dtype=torch.float64).item()) ** 2
-            sq_ref += float(_norm(rd[_isfinite(rd)], dtype=torch.float64).item()) ** 2
+            sq_ref += float(_norm(rd[finite], dtype=torch.float64).item()) ** 2
         del cd, rd, close, diff, finite
     frac = bad / cf.numel()
     passing = [t for t in trivial if t.shape == r.shape and _all_close(t, r, atol, rtol, work)]

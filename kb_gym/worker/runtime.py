@@ -491,7 +491,8 @@ def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: An
     except Exception:  # noqa: BLE001 - the reference's own domain is narrower: no verdict from this trial
         return None
     refs = flatten_outputs(ref_out)
-    if not all(_isfinite_all(r) for r in refs if r.is_floating_point()) or _is_input(inputs, ref_out, atol, rtol):
+    finite = all(bool(_isfinite(r).all().item()) for r in refs if r.is_floating_point())
+    if not finite or _is_input(inputs, ref_out, atol, rtol):
         return None
     result["correctness"]["widened_trial"] = True
     cmp = compare_outputs(cand_out, ref_out, atol, rtol, _trivial_outputs(ref_out, inputs))
@@ -499,10 +500,6 @@ def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: An
         result.update(status="incorrect", error="this problem's inputs make its output equal its input, so one "
                       f"more trial ran on inputs of both signs (3 * randn): {cmp.reason}")
     return cmp.unverifiable
-
-
-def _isfinite_all(t: torch.Tensor) -> bool:
-    return bool(_isfinite(t).all().item())
 
 
 def _counting_flops(model: Any, inputs: list[Any]) -> tuple[Any, int | None]:
