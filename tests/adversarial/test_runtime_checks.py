@@ -157,8 +157,14 @@ def test_a_hard_coded_typical_answer_fails_where_the_output_barely_depends_on_th
     answers flag the problem and hold candidates to a fraction of that movement."""
     problem = _problem("93_HugeMean", "x.mean(dim=(1, 2)) * 0.1 + 1.0", "torch.rand(4, 1024, 1024)")
     typical = _candidate("torch.full((x.shape[0],), 1.05, device=x.device)")
-    r = ev.evaluate(problem, typical, config=CHECK)
-    assert r.status == "incorrect" and "degenerate_problem" in r.flags, (r.status, r.error)
+    # 1.05 is the expected answer: checked one way, it lands within 0.3x of the trial-to-trial distance on
+    # seeds 1 and 9 (3 in 100 seeds); checked both ways between two trials it cannot. Where the two answers
+    # happen to lie within 1e-5 of each other (seed 60, 1 in 100) nothing tells it apart: unverifiable.
+    for seed in (0, 1, 2, 9):
+        r = ev.evaluate(problem, typical, seed=seed, config=CHECK)
+        assert r.status == "incorrect" and "degenerate_problem" in r.flags, (seed, r.status, r.error)
+    r = ev.evaluate(problem, typical, seed=60, config=CHECK)
+    assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.flags)
     honest = ev.evaluate(problem, _candidate("x.sum(dim=(1, 2)) / (x.shape[1] * x.shape[2]) * 0.1 + 1.0"),
                          config=CHECK)
     assert honest.status == "correct", honest.error
