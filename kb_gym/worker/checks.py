@@ -43,6 +43,9 @@ class Comparison:
     mismatch_fraction: float = 0.0
     degenerate: bool = False
     unverifiable: bool = False  # a trivial output is the answer to within rounding: nothing tells them apart
+    # Another trial's answer is this one to within rounding: that pair of trials cannot test the candidate.
+    # Unverifiable only if every pair is so (the runtime decides); one close draw is chance.
+    answers_coincide: bool = False
 
 
 def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work: torch.dtype) -> bool:
@@ -63,13 +66,15 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
-                    trivial: list[torch.Tensor] | None = None) -> Comparison:
+                    trivial: list[torch.Tensor] | None = None,
+                    other_answers: list[torch.Tensor] | None = None) -> Comparison:
     """Compare candidate and reference outputs element by element.
 
     ``trivial`` are outputs a cheating kernel could return without computing anything (zeros, the
-    first input). When one of them already passes ``isclose`` against the reference, the problem's
-    output is too small for the tolerance to tell (KernelBench issue #165); then the candidate
-    must also beat a relative L2 error bound the trivial output cannot meet.
+    first input); ``other_answers`` are the reference's answers on other trials' inputs, which a
+    kernel that ignores its inputs could return. When one of them already passes ``isclose``
+    against the reference, the tolerance cannot tell (KernelBench issue #165); then the candidate
+    must also beat a relative L2 error bound those outputs cannot meet.
     """
     try:
         cand = flatten_outputs(candidate)
@@ -87,9 +92,10 @@ def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
             return Comparison(False, f"{label} dtype {c.dtype} != expected {r.dtype}")
         if c.device != r.device:
             return Comparison(False, f"{label} is on {c.device}, expected {r.device}")
-        result = _compare_tensor(c, r, atol, rtol, trivial or [], label)
+        result = _compare_tensor(c, r, atol, rtol, trivial or [], other_answers or [], label)
         worst.degenerate |= result.degenerate
         worst.unverifiable |= result.unverifiable
+        worst.answers_coincide |= result.answers_coincide
         worst.max_abs_err = max(worst.max_abs_err, result.max_abs_err)
         worst.max_rel_err = max(worst.max_rel_err, result.max_rel_err)
         worst.mismatch_fraction = max(worst.mismatch_fraction, result.mismatch_fraction)
@@ -107,7 +113,7 @@ CHUNK = 1 << 26  # elements per slice: bounds the temporary memory of comparing 
 
 
 def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
-                    trivial: list[torch.Tensor], label: str) -> Comparison:
+                    trivial: list[torch.Tensor], other_answers: list[torch.Tensor], label: str) -> Comparison:
     if c.numel() == 0:
         return Comparison(True)
     if not (c.is_floating_point() or c.is_complex()):
@@ -140,8 +146,11 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
             sq_ref += float(_norm(rd[finite], dtype=torch.float64).item()) ** 2
         del cd, rd, close, diff, finite
     frac = bad / cf.numel()
-    passing = [t for t in trivial if t.shape == r.shape and _all_close(t, r, atol, rtol, work)]
-    degenerate = bool(passing)
+    def passing(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t for t in outputs if t.shape == r.shape and _all_close(t, r, atol, rtol, work)]
+
+    passing_trivial, passing_answers = passing(trivial), passing(other_answers)
+    degenerate = bool(passing_trivial or passing_answers)
     if bad or nans:
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(r.shape))) if first >= 0 else ()
         where = (f"; first mismatch at index {index}: got {cf[first].item():.6g}, expected {rf[first].item():.6g}"
@@ -162,14 +171,19 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         # Trivial outputs pass the elementwise test: demand a relative L2 error well below theirs.
         # When a trivial output is right to within rounding (ReLU of non-negative inputs is the input),
         # no bound can separate it from an honest kernel: the runtime's widened trial does instead.
-        trivial_err = min(_rel_l2(t, r) for t in passing)
-        bound = min(max(atol, rtol) * 10, 0.3 * trivial_err)
-        err = _rel_l2(c, r)
+        trivial_err = min((_rel_l2(t, r) for t in passing_trivial), default=float("inf"))
         if trivial_err <= TRIVIAL_ERR_FLOOR:
             return Comparison(True, "", max_abs, max_rel, frac, True, unverifiable=True)
+        answer_err = min((_rel_l2(t, r) for t in passing_answers), default=float("inf"))
+        coincide = answer_err <= TRIVIAL_ERR_FLOOR
+        if coincide:
+            answer_err = float("inf")  # this pair of trials tests nothing; zeros or the input still may
+        bound = min(max(atol, rtol) * 10, 0.3 * min(trivial_err, answer_err))
+        err = _rel_l2(c, r)
         if not err <= bound:
             return Comparison(False, f"{label}: relative L2 error {err:.3g} exceeds {bound:.3g}; on this problem "
                                      "an output computed without the inputs (zeros, the input itself, another "
                                      "input's answer) passes the tolerance, so it is checked by relative error "
                                      "too", max_abs, max_rel, frac, True)
+        return Comparison(True, "", max_abs, max_rel, frac, True, answers_coincide=coincide)
     return Comparison(True, "", max_abs, max_rel, frac, degenerate)

@@ -366,6 +366,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     degenerate = identity = unverifiable = False
     previous: list[torch.Tensor] = []
     earlier: tuple[Any, Any] | None = None  # the last trial's (candidate output, answer), when small
+    pairs = coincident_pairs = 0  # consecutive trials compared, and those whose answers were the same
     launches = 0
     ctx.counter.backends.clear()
     last: tuple[list[Any], Any] | None = None
@@ -405,8 +406,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                 state["floor_ms"] = ctx.speed_of_light_ms(inputs, ref_out, ref_model, flops)
             else:
                 ref_out = ref_model(*_clone_inputs(inputs))
-        trivial = _trivial_outputs(ref_out, inputs) + previous
-        cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial)
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol, _trivial_outputs(ref_out, inputs), previous)
+        coincide = cmp.answers_coincide
         degenerate |= cmp.degenerate
         unverifiable |= cmp.unverifiable
         identity |= cmp.degenerate and _is_input(inputs, ref_out, atol, rtol)
@@ -417,11 +418,14 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             # The same test backwards: the earlier trial's answer held against this trial's. An output
             # that ignores its inputs cannot sit within 0.3x the distance between two answers of both
             # (the triangle inequality), so it fails here even when it landed close to this answer.
-            cmp = compare_outputs(earlier[0], earlier[1], atol, rtol, [r for r in flatten_outputs(ref_out)
-                                                                       if r.is_floating_point()])
+            cmp = compare_outputs(earlier[0], earlier[1], atol, rtol,
+                                  other_answers=[r for r in flatten_outputs(ref_out) if r.is_floating_point()])
             degenerate |= cmp.degenerate
-            unverifiable |= cmp.unverifiable
+            coincide |= cmp.answers_coincide
             failed_trial = None if cmp.ok else trial
+        if previous:
+            pairs += 1
+            coincident_pairs += coincide
         del pristine, cand_inputs
         earlier = last = None
         if failed_trial is not None:
@@ -440,6 +444,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         # A copy: a kernel may hand back a buffer it reuses on the next call.
         earlier = ([t.detach().clone() for t in flatten_outputs(cand_out)], refs) if small else None
         del cand_out, ref_out
+    # Answers that never move between inputs leave a kernel indistinguishable from a memorised answer.
+    unverifiable |= pairs > 0 and coincident_pairs == pairs
     if last is not None:
         _determinism_rerun(ctx, cand_fn, last, atol, rtol, result, state)
     if identity and result.get("status") != "incorrect":

@@ -164,10 +164,15 @@ def test_a_hard_coded_typical_answer_fails_where_the_output_barely_depends_on_th
         r = ev.evaluate(problem, typical, seed=seed, config=CHECK)
         assert r.status == "incorrect" and "degenerate_problem" in r.flags, (seed, r.status, r.error)
     r = ev.evaluate(problem, typical, seed=60, config=CHECK)
-    assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.flags)
-    honest = ev.evaluate(problem, _candidate("x.sum(dim=(1, 2)) / (x.shape[1] * x.shape[2]) * 0.1 + 1.0"),
-                         config=CHECK)
-    assert honest.status == "correct", honest.error
+    assert r.status == "correct" and "unverifiable_output" in r.flags and not r.speed_credit, (r.status, r.flags)
+    # With more trials the other pairs still test it, and an honest kernel is not unverifiable by one close pair.
+    more = CHECK.replace(trials=4)
+    r = ev.evaluate(problem, typical, seed=60, config=more)
+    assert r.status == "incorrect", (r.status, r.flags)
+    honest_source = _candidate("x.sum(dim=(1, 2)) / (x.shape[1] * x.shape[2]) * 0.1 + 1.0")
+    for seed, config in ((0, CHECK), (60, more)):
+        honest = ev.evaluate(problem, honest_source, seed=seed, config=config)
+        assert honest.status == "correct" and "unverifiable_output" not in honest.flags, (honest.error, honest.flags)
 
 
 def test_zeros_on_an_always_zero_problem_get_no_speed_credit(ev):
