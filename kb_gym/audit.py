@@ -1,12 +1,12 @@
 """``kb-gym audit``: which problems a trivial candidate can pass.
 
-Five candidates that compute nothing useful (zeros, the first input, a constant, the answer for
-other inputs, the reference run in bfloat16) are evaluated against every problem. A problem where
+Six candidates that compute nothing useful (zeros, the first input, a constant, the answer for
+other inputs, the reference run in bfloat16 and in float16) are evaluated against every problem. A problem where
 one of them passes has outputs the tolerance cannot tell apart from a shortcut; the correctness
 check flags such problems ``degenerate_problem`` and demands a relative error the zeros and the
 input cannot meet; where a trivial output is the answer to within rounding, results get
-``unverifiable_output`` (no speed credit under ``strict``). The reference itself runs as a control:
-it must pass everywhere.
+``unverifiable_output`` (no speed credit under ``strict``). Two controls must pass everywhere: the
+reference itself and the reference computed in float64.
 """
 
 from __future__ import annotations
@@ -72,31 +72,44 @@ class ModelNew(Model):
     def forward(self, *args):
         return _kb_map(_kb_other(self, args), lambda t: t.clone())
 ''',
-    "bf16_reference": '''
+}
+
+
+def _in_precision(dtype: str) -> str:
+    """The reference run with its weights and floating inputs in ``dtype``, the answer cast back to fp32."""
+    return f'''
 import copy
 
 
 class ModelNew(Model):
     def forward(self, *args):
-        if "_low" not in self.__dict__:
-            self.__dict__["_low"] = copy.deepcopy(self).to(torch.bfloat16)
-        low = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-        out = Model.forward(self.__dict__["_low"], *low)
+        if "_kb_cast" not in self.__dict__:
+            self.__dict__["_kb_cast"] = copy.deepcopy(self).to(torch.{dtype})
+        cast = [a.to(torch.{dtype}) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        out = Model.forward(self.__dict__["_kb_cast"], *cast)
         return _kb_map(out, lambda t: t.float() if t.is_floating_point() else t)
-''',
-}
-
-
-# The control: the reference itself must pass everywhere, or the check (or the problem) is broken.
-CONTROL = "reference"
-_CONTROL_SOURCE = '''
-class ModelNew(Model):
-    pass
 '''
 
 
+# Lower precision is a shortcut: one rounding of bf16 costs ~2e-3 relative L2, fp16 ~3e-4.
+TRIVIAL["bf16_reference"] = _in_precision("bfloat16")
+TRIVIAL["fp16_reference"] = _in_precision("float16")
+
+# The controls must pass everywhere, or the check (or the problem) is broken: the reference itself,
+# and the reference computed in float64, a kernel more exact than the reference. The float64
+# control's error says how far an honest kernel may land from the fp32 reference on a problem.
+CONTROL = "reference"
+CONTROLS: dict[str, str] = {
+    CONTROL: '''
+class ModelNew(Model):
+    pass
+''',
+    "fp64_reference": _in_precision("float64"),
+}
+
+
 def trivial_candidate(problem: Problem, kind: str) -> str:
-    return problem.code + "\nimport torch\n" + _MAP + (_CONTROL_SOURCE if kind == CONTROL else TRIVIAL[kind])
+    return problem.code + "\nimport torch\n" + _MAP + (CONTROLS[kind] if kind in CONTROLS else TRIVIAL[kind])
 
 
 def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None = None, device: str = "auto",
@@ -118,7 +131,7 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
     todo = [p for p in problems if p.key not in done]
     cfg = EvalConfig(trials=trials, timing=False)
     with Evaluator(device, config=cfg, results_path=False) as ev:
-        jobs = (*kinds, CONTROL)
+        jobs = (*kinds, *CONTROLS)
         futures = {ev.submit(p, trivial_candidate(p, k)): (p, k) for p in todo for k in jobs}
         pending = {p.key: len(jobs) for p in todo}
         results: dict[str, dict[str, EvalResult]] = {p.key: {} for p in todo}
@@ -135,20 +148,19 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
 
 
 def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str]) -> dict[str, Any]:
-    control = results[CONTROL]
     row: dict[str, Any] = {"problem": problem.key, "degenerate": False, "passed_by": [], "errors": {},
-                           CONTROL: control.status}
-    if control.status != "correct":
-        row["errors"][CONTROL] = (control.error or "")[:300]
-    for kind in kinds:
-        r = results[kind]
+                           "rel_l2": {}}
+    for kind, r in results.items():
         row[kind] = r.status
+        control = kind in CONTROLS
         if r.status == "correct":
-            row["passed_by"].append(kind)
-        elif r.status != "incorrect":
-            row["errors"][kind] = (r.error or "")[:200]
+            row["rel_l2"][kind] = r.correctness.get("rel_l2_err")
+            if not control:
+                row["passed_by"].append(kind)
+        elif control or r.status != "incorrect":
+            row["errors"][kind] = (r.error or "")[:300 if control else 200]
         row["degenerate"] |= "degenerate_problem" in r.flags
-    row["degenerate"] |= "degenerate_problem" in control.flags
+    row["passed_by"].sort(key=list(kinds).index)
     # Whether a passing trivial candidate (or the reference) was flagged: no speed credit under strict.
     row["unverifiable"] = any("unverifiable_output" in r.flags for r in results.values())
     return row
@@ -166,24 +178,26 @@ def passable_problems(rows: str | os.PathLike | Sequence[dict[str, Any]]) -> lis
 def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:
     """A row per problem, then the totals and every problem a trivial candidate passed or the
     reference failed."""
-    cols = (*kinds, CONTROL)
+    cols = (*kinds, *CONTROLS)
     width = max([len(r["problem"]) for r in rows] + [7])
     lines = [f"{'problem':<{width}}  " + "  ".join(f"{k:<14}" for k in cols) + "  degenerate"]
     for r in rows:
         lines.append(f"{r['problem']:<{width}}  " + "  ".join(f"{r.get(k, '-'):<14}" for k in cols)
                      + f"  {'yes' if r['degenerate'] else ''}")
-    rejected = [r for r in rows if r.get(CONTROL, "correct") != "correct"]
+    rejected = [(r, c) for r in rows for c in CONTROLS if r.get(c, "correct") != "correct"]
+    exact = [r["rel_l2"]["fp64_reference"] for r in rows if r.get("rel_l2", {}).get("fp64_reference") is not None]
     lines.append("")
     lines.append(f"{len(rows)} problems; passed by a trivial candidate: "
                  f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}; "
                  f"unverifiable: {sum(bool(r.get('unverifiable')) for r in rows)}; "
-                 f"reference itself not correct: {len(rejected)}")
+                 f"a control not correct: {len(rejected)}"
+                 + (f"; float64 reference's relative L2 error: max {max(exact):.2g}" if exact else ""))
     for r in rows:
         if r["passed_by"] or r["degenerate"]:
             lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
                          f"{'; degenerate' if r['degenerate'] else ''}"
                          f"{'; unverifiable (no speed credit)' if r.get('unverifiable') else ''}")
-    for r in rejected:
-        lines.append(f"  {r['problem']}: the reference as candidate got {r[CONTROL]}: "
-                     f"{r['errors'].get(CONTROL, '')[:160]}")
+    for r, control in rejected:
+        lines.append(f"  {r['problem']}: the control {control} got {r[control]}: "
+                     f"{r['errors'].get(control, '')[:160]}")
     return "\n".join(lines)

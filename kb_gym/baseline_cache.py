@@ -12,8 +12,8 @@ from typing import Any
 from kb_gym.store import cache_dir
 
 
-def baseline_key(code_hash: str, precision: str, baseline: str, hardware_hash: str) -> str:
-    return f"{code_hash}:{precision}:{baseline}:{hardware_hash}"
+def baseline_key(code_hash: str, numerics: str, baseline: str, hardware_hash: str) -> str:
+    return f"{code_hash}:{numerics}:{baseline}:{hardware_hash}"
 
 
 class BaselineCache:

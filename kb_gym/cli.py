@@ -101,10 +101,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from kb_gym.audit import format_audit, run_audit
+    from kb_gym.audit import TRIVIAL, format_audit, run_audit
 
-    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials, out=args.out)
-    print(format_audit(rows))
+    kinds = tuple(args.kinds.split(",")) if args.kinds else tuple(TRIVIAL)
+    unknown = [k for k in kinds if k not in TRIVIAL]
+    if unknown:
+        print(f"kb-gym audit: unknown candidate(s) {', '.join(unknown)}; known: {', '.join(TRIVIAL)}", file=sys.stderr)
+        return 2
+    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials, kinds=kinds,
+                     out=args.out)
+    print(format_audit(rows, kinds))
     return 0
 
 
@@ -228,12 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the full report as JSON here")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("audit", help="which problems trivial candidates (zeros, the input, a constant, "
-                                     "bf16) pass")
+    p = sub.add_parser("audit", help="which problems trivial candidates (zeros, the input, a constant, another "
+                                     "input's answer, bf16, fp16) pass; the reference and its float64 run as "
+                                     "controls")
     _add_dataset(p, default="official")
     _add_device(p)
     p.add_argument("--level", type=int, choices=(1, 2, 3))
     p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--kinds", default=None, help="comma-separated trivial candidates to run (default: all)")
     p.add_argument("--out", default=None, help="JSONL of rows, appended as each problem finishes; problems "
                                                "already in it are skipped (resume)")
     p.set_defaults(func=cmd_audit)

@@ -27,6 +27,10 @@ class EvalConfig:
     """
 
     precision: str = "fp32"
+    # fp32 means fp32: matmuls and cuDNN convolutions (the reference's, and torch calls inside a
+    # candidate) run without TF32. PyTorch's own default, which KernelBench's harness keeps, runs
+    # convolutions in TF32 (~1e-3 relative error), far outside the default fp32 tolerance.
+    tf32: bool = False
     tolerance: str = "default"
     atol: float | None = None
     rtol: float | None = None
@@ -76,6 +80,11 @@ class EvalConfig:
         data = dataclasses.asdict(self)
         data["atol"], data["rtol"] = self.tolerances
         return data
+
+    @property
+    def numerics(self) -> str:
+        """The arithmetic the baseline runs in: part of a cached baseline's key."""
+        return f"{self.precision}-{'tf32' if self.tf32 else 'ieee'}" if self.precision == "fp32" else self.precision
 
     def replace(self, **changes: Any) -> EvalConfig:
         return dataclasses.replace(self, **changes)

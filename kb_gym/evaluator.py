@@ -299,7 +299,7 @@ class Evaluator:
         hardware = handle.info.get("hardware", {}).get("hash") if handle.alive else None
         if not (cfg.reuse_cached_baseline and self.baselines is not None and hardware):
             return None
-        entry = self.baselines.get(baseline_key(problem.code_hash, cfg.precision, cfg.baseline, hardware))
+        entry = self.baselines.get(baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, hardware))
         if not entry or not entry.get("ref_runtime_ms") or not entry.get("ref_runtime_ci_ms"):
             return None
         return {"ref_runtime_ms": entry["ref_runtime_ms"], "ref_runtime_ci_ms": entry["ref_runtime_ci_ms"]}
@@ -308,7 +308,7 @@ class Evaluator:
         if (self.baselines is None or result.ref_runtime_ms is None or result.baseline_cached
                 or not result.hardware.get("hash")):
             return
-        key = baseline_key(problem.code_hash, cfg.precision, cfg.baseline, result.hardware["hash"])
+        key = baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, result.hardware["hash"])
         try:
             self.baselines.put(key, {"problem": problem.key, "ref_runtime_ms": result.ref_runtime_ms,
                                      "ref_runtime_ci_ms": result.ref_runtime_ci_ms, "reps": result.timing_reps,

@@ -35,7 +35,8 @@ The engine's runtime flags are part of the same policies: ``no_custom_kernel``, 
 ``side_stream``, ``excessive_speedup``, ``nondeterministic`` and ``unverifiable_output`` keep the
 result but get no speed credit under ``strict``; ``degenerate_problem`` is a note; ``tampering`` and
 ``timing_mismatch`` are failures in the engine under every policy (``ALWAYS_FAIL``; ``strict`` lists
-them under ``reject`` to say so). ``kernelbench`` follows KernelBench's own rules (any correct
+them under ``reject`` to say so). ``precision_change`` is raised at runtime too, when the TF32 settings
+differ after the job from what ``EvalConfig.tf32`` set. ``kernelbench`` follows KernelBench's own rules (any correct
 candidate counts, so every flag is a note) and ``off`` makes every flag a note.
 
 Trade-offs against honest code: ``os.environ[...] = ...`` is allowed for the build knobs in

@@ -270,15 +270,32 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
         result.update(status="runtime_error", error=_trim_traceback(exc, state.get("candidate_file", "")))
     finally:
+        numerics = state.get("numerics")
         state.clear()
         ctx.jobs_done += 1
-        _cleanup(ctx, job_dir, result)
+        _cleanup(ctx, job_dir, result, numerics)
     return result
+
+
+def _set_tf32(allow: bool) -> tuple[Any, ...]:
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    return _numerics()
+
+
+def _numerics() -> tuple[Any, ...]:
+    """The global settings that change fp32 results; a candidate that changes them computes in lower precision."""
+    try:
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision())
+    except RuntimeError:  # the legacy and the new TF32 flags disagree: set through the new API
+        return ("mixed",)
 
 
 def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: dict[str, Any],
               state: dict[str, Any]) -> None:
     cfg = job["config"]
+    state["numerics"] = _set_tf32(bool(cfg.get("tf32", False)))
     device, dtype = ctx.device, _DTYPES[cfg["precision"]]
     seed = int(job["seed"])
     atol, rtol = float(cfg["atol"]), float(cfg["rtol"])
@@ -361,7 +378,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     cfg = job["config"]
     device = ctx.device
     trials = int(cfg["trials"])
-    report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}
+    report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                              "rel_l2_err": 0.0}
     result["correctness"] = report
     degenerate = identity = unverifiable = False
     previous: list[torch.Tensor] = []
@@ -413,6 +431,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         identity |= cmp.degenerate and _is_input(inputs, ref_out, atol, rtol)
         report["max_abs_err"] = max(report["max_abs_err"], cmp.max_abs_err)
         report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
+        report["rel_l2_err"] = max(report["rel_l2_err"], cmp.rel_l2)
         failed_trial = None if cmp.ok else trial + 1
         if cmp.ok and earlier is not None:
             # The same test backwards: the earlier trial's answer held against this trial's. An output
@@ -605,7 +624,9 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     result["status"] = "correct"
 
 
-def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any]) -> None:
+def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any], numerics: tuple[Any, ...] | None) -> None:
+    if numerics is not None and _numerics() != numerics and "precision_change" not in result["flags"]:
+        result["flags"].append("precision_change")  # set through a name the static check did not see
     tampered = _tampered(ctx)
     if tampered:
         result["flags"].append("tampering")

@@ -36,6 +36,8 @@ def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes(tmp_path
     for row in rows:
         assert row["passed_by"] == [], row
         assert set(TRIVIAL) <= set(row) and row["reference"] == "correct"
+        # The float64 control: a kernel more exact than the reference passes, and its error is on record.
+        assert row["fp64_reference"] == "correct" and row["rel_l2"]["fp64_reference"] < 1e-5, row
     assert by_name["level1/99_TinySoftmax"]["degenerate"] and not by_name["level1/99_TinySoftmax"]["unverifiable"]
     assert not by_name["level1/1_ReLU"]["degenerate"]
     text = format_audit(rows)

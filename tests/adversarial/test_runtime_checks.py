@@ -140,11 +140,12 @@ def test_widened_trial_is_skipped_where_the_reference_is_not_finite_on_it(ev):
 
 
 def test_lower_precision_arithmetic_fails_on_small_outputs(ev):
-    """Outputs under the atol floor let bfloat16 pass element by element (L1/39_L2Norm and the
+    """Outputs under the atol floor let bfloat16 and float16 pass element by element (L1/39_L2Norm and the
     softmax-ended level-2 problems in the official set); the relative L2 bound does not."""
     problem = _problem("92_SmallSoftmax", "torch.softmax(x, dim=1)", "torch.randn(64, 4096) * 0.5")
-    low = ev.evaluate(problem, _candidate("torch.softmax(x.bfloat16(), dim=1).float()"), config=CHECK)
-    assert low.status == "incorrect" and "relative L2 error" in low.error, low.error
+    for low_precision in ("bfloat16", "half"):
+        low = ev.evaluate(problem, _candidate(f"torch.softmax(x.{low_precision}(), dim=1).float()"), config=CHECK)
+        assert low.status == "incorrect" and "relative L2 error" in low.error, (low_precision, low.error)
     honest = ev.evaluate(problem, _candidate("torch.exp(x - x.amax(1, keepdim=True)) / "
                                             "torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)"),
                          config=CHECK)
@@ -204,3 +205,29 @@ def test_an_output_the_inputs_do_not_move_is_unverifiable(ev):
     repeated = ev.evaluate(problem, _candidate("(torch.ones(1, 8) * 3.0).expand(x.shape[0], 8).contiguous()"),
                            config=CHECK)
     assert repeated.status == "correct" and "unverifiable_output" in repeated.flags and not repeated.speed_credit
+
+
+TF32_BY_ARGUMENT = '''
+import torch
+
+def _configure(module, value):
+    module.allow_tf32 = value
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        _configure(torch.backends.cudnn, True)
+        return torch.relu(x)
+'''
+
+
+def test_turning_on_tf32_where_the_static_check_cannot_see_it_is_a_precision_change(ev, relu):
+    """fp32 problems run the reference without TF32; a candidate that turns it on (here through an
+    argument, which name-based static checks miss) changes the reference's numerics as well: flagged
+    at runtime, no speed credit, and the next evaluation starts with TF32 off again."""
+    r = ev.evaluate(relu, TF32_BY_ARGUMENT, config=CHECK)
+    assert "precision_change" in r.flags and not r.speed_credit, r.flags
+    clean = ev.evaluate(relu, _candidate("torch.relu(x)"), config=CHECK)
+    assert clean.status == "correct" and "precision_change" not in clean.flags, clean.flags
+    # Asking for TF32 is the user's choice, not the candidate's: nothing to flag then.
+    allowed = ev.evaluate(relu, TF32_BY_ARGUMENT, config=CHECK.replace(tf32=True))
+    assert "precision_change" not in allowed.flags, allowed.flags
