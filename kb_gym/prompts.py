@@ -158,6 +158,8 @@ BACKENDS: dict[str, PromptBackend] = {
             "Write the kernels in Triton (`import triton`, `import triton.language as tl`, "
             "`@triton.jit`) and launch them from `forward`. Make block sizes `tl.constexpr` and mask "
             "loads and stores at the edges.",
+            "float32 problems are checked in true float32 (relative error about 1e-4): `tl.dot` on "
+            "float32 inputs uses TF32 unless you pass `input_precision=\"ieee\"`, and TF32 fails the check.",
         ),
         example_reference=EXAMPLE_REFERENCE,
         example_solution=TRITON_EXAMPLE,
@@ -171,6 +173,8 @@ BACKENDS: dict[str, PromptBackend] = {
             "their launchers in `cuda_sources`, the exported names in `functions`).",
             "Launch kernels on PyTorch's current stream (`at::cuda::getCurrentCUDAStream()`), and "
             "make inputs contiguous before indexing them as flat arrays.",
+            "float32 problems are checked in true float32 (relative error about 1e-4): TF32 or half "
+            "precision tensor-core math fails the check.",
         ),
         example_reference=EXAMPLE_REFERENCE,
         example_solution=CUDA_EXAMPLE,
