@@ -28,6 +28,8 @@ precision_change          no_speed_credit global numerics or compiler settings (
                                           matmul precision, inductor config, thread counts)
 dynamic_code              no_speed_credit exec / eval / compile / marshal: code the checks can't see
 unchecked                 no_speed_credit the source is too large to parse; only a line scan ran
+pytorch_compiler          no_speed_credit torch.compile, Inductor, TorchScript or torch.export
+                                          write the kernels instead of the candidate
 unused_kernel             note            some kernels are never reached from forward
 ========================  ==============  ===================================================
 
@@ -87,6 +89,7 @@ class Finding:
 STATIC_FLAGS = frozenset({
     "harness_patch", "timer_patch", "introspection", "concurrency", "io_escape", "tensor_subclass",
     "fallback", "decoy", "unused_kernel", "replay", "precision_change", "dynamic_code", "unchecked",
+    "pytorch_compiler",
 })
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
@@ -107,6 +110,8 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "replay": "returns results cached from an earlier call",
     "precision_change": "changes global numerics or compiler settings shared with the reference",
     "dynamic_code": "builds code at run time (exec, eval, compile) where the checks cannot see it",
+    "pytorch_compiler": "has PyTorch's compiler (torch.compile, Inductor, TorchScript, torch.export) write "
+                        "the kernels",
     "unchecked": "too large for the static checks; only a line scan ran",
     "no_custom_kernel": "no kernel of the candidate's own ran in forward",
     "input_mutation": "forward wrote to its inputs",
@@ -158,7 +163,7 @@ POLICIES: dict[str, IntegrityPolicy] = {
                           "tensor_subclass"}) | ALWAYS_FAIL,
         no_speed_credit=frozenset({"no_custom_kernel", "fallback", "decoy", "input_mutation", "side_stream",
                                    "excessive_speedup", "nondeterministic", "replay", "precision_change",
-                                   "dynamic_code", "unchecked", "unverifiable_output"}),
+                                   "dynamic_code", "unchecked", "unverifiable_output", "pytorch_compiler"}),
         description="default: reject harness, timer, introspection, concurrency, I/O and tensor-subclass "
                     "hacks; no speed credit for fallbacks, decoys, replays and runtime integrity flags",
     ),
@@ -238,6 +243,10 @@ _REF_RULES: tuple[tuple[str, str], ...] = (
     ("kb_gym", "harness_patch"), ("site", "harness_patch"),
     ("marshal.loads", "dynamic_code"), ("types.FunctionType", "dynamic_code"),
     ("types.CodeType", "dynamic_code"), ("pickle.loads", "dynamic_code"),
+    ("torch.compile", "pytorch_compiler"), ("torch._dynamo.optimize", "pytorch_compiler"),
+    ("torch._inductor.compile*", "pytorch_compiler"), ("torch._inductor.aot_compile", "pytorch_compiler"),
+    ("torch.jit.script", "pytorch_compiler"),
+    ("torch.jit.trace", "pytorch_compiler"), ("torch.export", "pytorch_compiler"),
 )
 _REF_EXACT: dict[str, str] = {}
 _REF_PREFIX: list[tuple[str, str]] = []
@@ -363,6 +372,8 @@ _WHY = {
     "tensor_subclass": "tensor subclasses, __torch_function__/__torch_dispatch__ hooks and aten overrides "
                        "change what the evaluator's comparisons see, so they are not allowed",
     "dynamic_code": "code built at run time cannot be checked, so the result gets no speed credit",
+    "pytorch_compiler": "kernels that PyTorch's compiler writes are not your own, so the result gets no speed "
+                        "credit",
 }
 
 

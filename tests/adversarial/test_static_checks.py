@@ -120,6 +120,15 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("matmul_precision", candidate('torch.set_float32_matmul_precision("medium")  # <-'), "precision_change"),
     ("inductor_config", candidate("import torch._inductor.config as inductor_config\n"
                                   "inductor_config.max_autotune = True  # <-"), "precision_change"),
+    # ------------------------------------------------------------------ pytorch_compiler
+    ("torch_compile", candidate("", forward="""
+        y = torch.compile(torch.abs)(x)  # <-
+        return launch(y)
+    """), "pytorch_compiler"),
+    ("compile_decorator", candidate("@torch.compile(mode=\"max-autotune\")  # <-\ndef fused(x):\n"
+                                    "    return torch.relu(x)\n"), "pytorch_compiler"),
+    ("compile_alias", candidate("from torch import compile as fast  # <-"), "pytorch_compiler"),
+    ("jit_script", candidate("", init="self.f = torch.jit.script(torch.nn.ReLU())  # <-"), "pytorch_compiler"),
     # ------------------------------------------------------------------ introspection
     ("currentframe", candidate("import inspect", forward="""
         caller = inspect.currentframe().f_back  # <-
@@ -808,7 +817,7 @@ def test_strict_policy_actions():
                  "tampering", "timing_mismatch"):
         assert strict.action(flag) == "reject", flag
     for flag in ("no_custom_kernel", "fallback", "decoy", "input_mutation", "side_stream", "excessive_speedup",
-                 "nondeterministic", "replay", "precision_change", "dynamic_code", "unchecked"):
+                 "nondeterministic", "replay", "precision_change", "dynamic_code", "unchecked", "pytorch_compiler"):
         assert strict.action(flag) == "no_speed_credit", flag
     for flag in ("unused_kernel", "degenerate_problem", "some_new_flag"):
         assert strict.action(flag) == "note", flag
