@@ -185,13 +185,15 @@ def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIA
         lines.append(f"{r['problem']:<{width}}  " + "  ".join(f"{r.get(k, '-'):<14}" for k in cols)
                      + f"  {'yes' if r['degenerate'] else ''}")
     rejected = [(r, c) for r in rows for c in CONTROLS if r.get(c, "correct") != "correct"]
-    exact = [r["rel_l2"]["fp64_reference"] for r in rows if r.get("rel_l2", {}).get("fp64_reference") is not None]
+    exact = [(r["rel_l2"]["fp64_reference"], r["problem"]) for r in rows
+             if r.get("rel_l2", {}).get("fp64_reference") is not None]
     lines.append("")
     lines.append(f"{len(rows)} problems; passed by a trivial candidate: "
                  f"{sum(1 for r in rows if r['passed_by'])}; flagged degenerate: {sum(r['degenerate'] for r in rows)}; "
                  f"unverifiable: {sum(bool(r.get('unverifiable')) for r in rows)}; "
                  f"a control not correct: {len(rejected)}"
-                 + (f"; float64 reference's relative L2 error: max {max(exact):.2g}" if exact else ""))
+                 + (f"; float64 reference's relative L2 error: max {max(exact)[0]:.2g} ({max(exact)[1]})"
+                    if exact else ""))
     for r in rows:
         if r["passed_by"] or r["degenerate"]:
             lines.append(f"  {r['problem']}: passed by {', '.join(r['passed_by']) or 'none'}"
