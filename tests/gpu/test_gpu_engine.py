@@ -328,3 +328,87 @@ def test_stale_memory_cannot_pass_for_an_answer(ev, relu):
     # alive while the candidate runs during timing: freed memory never holds this call's answer.
     r = ev.evaluate(relu, UNINITIALISED_OUTPUT)
     assert r.status == "incorrect", (r.status, r.error)
+
+
+CONV_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 32, 3)
+    def forward(self, x):
+        return self.conv(x)
+
+def get_inputs():
+    return [torch.randn(8, 16, 64, 64)]
+
+def get_init_inputs():
+    return []
+'''
+
+CONV_IN_FLOAT64 = CONV_PROBLEM.replace("class Model(", "class ModelNew(").replace(
+    "return self.conv(x)",
+    "return torch.nn.functional.conv2d(x.double(), self.conv.weight.double(), self.conv.bias.double()).float()")
+
+MATMUL_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(512, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+TRITON_MATMUL = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pm, pn = tl.program_id(0), tl.program_id(1)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptr + rm[:, None] * K + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K))
+        b = tl.load(b_ptr + (k + rk)[:, None] * N + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N))
+        acc = tl.dot(a, b, accPRECISION)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        a, b = a.contiguous(), b.contiguous()
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty(M, N, device=a.device, dtype=a.dtype)
+        matmul_kernel[(triton.cdiv(M, 64), triton.cdiv(N, 64))](a, b, c, M, N, K, BM=64, BN=64, BK=32)
+        return c
+'''
+
+
+def test_fp32_problems_are_checked_in_true_fp32(ev):
+    """The worker turns TF32 off: a convolution more exact than the reference passes (against PyTorch's
+    default TF32 cuDNN reference it would miss the 1e-4 tolerance), and a Triton matmul passes with
+    input_precision="ieee" but not with tl.dot's default TF32."""
+    from kb_gym import Problem
+
+    conv = Problem(id=1, name="1_Conv", level=1, code=CONV_PROBLEM)
+    exact = ev.evaluate(conv, CONV_IN_FLOAT64, config=ev.config.replace(timing=False))
+    assert exact.status == "correct", exact.error
+    assert exact.correctness["rel_l2_err"] < 1e-5, exact.correctness
+    matmul = Problem(id=2, name="2_Matmul", level=1, code=MATMUL_PROBLEM)
+    ieee = ev.evaluate(matmul, TRITON_MATMUL.replace("PRECISION", ', input_precision="ieee"'), config=ev.config.replace(timing=False))
+    assert ieee.status == "correct" and ieee.custom_kernel_launches, ieee.error
+    tf32 = ev.evaluate(matmul, TRITON_MATMUL.replace("PRECISION", ""), config=ev.config.replace(timing=False))
+    assert tf32.status == "incorrect", (tf32.status, tf32.correctness)
