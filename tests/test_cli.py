@@ -72,7 +72,17 @@ def test_audit_on_a_folder(one_problem, tmp_path, capsys):
     assert main(["audit", "--dataset", str(one_problem), "--device", "cpu", "--trials", "1", "--out", str(out)]) == 0
     assert "passed by a trivial candidate: 0" in capsys.readouterr().out
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["passed_by"] == [] and row["reference"] == "correct"
+    assert row["passed_by"] == [] and row["reference"] == "correct" and row["fp64_reference"] == "correct"
+
+
+def test_audit_runs_the_kinds_asked_for_and_names_unknown_ones(one_problem, tmp_path, capsys):
+    out = tmp_path / "audit.jsonl"
+    args = ["audit", "--dataset", str(one_problem), "--device", "cpu", "--trials", "1", "--out", str(out)]
+    assert main([*args, "--kinds", "zeros,bogus"]) == 2
+    assert "bogus" in capsys.readouterr().err and not out.exists()
+    assert main([*args, "--kinds", "zeros,fp16_reference"]) == 0
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {"zeros", "fp16_reference", "reference", "fp64_reference"} <= set(row) and "constant" not in row
 
 
 def test_help_lists_every_command(capsys):
