@@ -219,6 +219,7 @@ _REF_RULES: tuple[tuple[str, str], ...] = (
     ("sys._getframe", "introspection"), ("sys._current_frames", "introspection"),
     ("sys.settrace", "introspection"), ("sys.setprofile", "introspection"),
     ("sys.addaudithook", "introspection"), ("sys.monitoring", "introspection"),
+    ("sys.modules", "introspection"),
     ("gc.get_objects", "introspection"), ("gc.get_referrers", "introspection"),
     ("gc.get_referents", "introspection"), ("traceback.extract_stack", "introspection"),
     ("traceback.walk_stack", "introspection"),
@@ -248,6 +249,11 @@ _REF_RULES: tuple[tuple[str, str], ...] = (
     ("torch.jit.script", "pytorch_compiler"),
     ("torch.jit.trace", "pytorch_compiler"), ("torch.export", "pytorch_compiler"),
 )
+# Standard modules whose use the rules above restrict, as attributes of another module.
+_REACHABLE_STDLIB = frozenset({
+    "sys", "gc", "inspect", "ctypes", "builtins", "importlib", "os", "subprocess", "threading", "socket",
+    "marshal", "pickle", "traceback", "time", "multiprocessing", "weakref",
+})
 _REF_EXACT: dict[str, str] = {}
 _REF_PREFIX: list[tuple[str, str]] = []
 for _name, _flag in _REF_RULES:
@@ -571,6 +577,16 @@ class _Analyzer:
         flag = self.ref_flag(name)
         if flag:
             self.add(flag, line, f"{verb} `{name}`")
+            return
+        # Modules keep the modules they imported as attributes (`torch._utils.sys`): a way to reach
+        # sys, gc or inspect that no import statement shows.
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            if parts[i] in _REACHABLE_STDLIB:
+                rest = ".".join(parts[i:])
+                self.add(self.ref_flag(rest) or "introspection", line,
+                         f"{verb} `{name}`: the module `{parts[i]}` through `{'.'.join(parts[:i])}`")
+                return
 
     def simple_checks(self) -> None:
         for node in self.nodes:
