@@ -7,6 +7,7 @@ that patches ``torch.allclose`` later does not change what this module calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -114,7 +115,7 @@ TRIVIAL_ERR_FLOOR = 1e-5
 # 1e-6 (2e-5 where the reference itself cancels 1e3-sized terms), one float16 rounding gives 2.5e-4 and
 # one bfloat16 rounding 2e-3: rtol itself (1e-4) parts them. Half precision problems keep room for
 # honest accumulation-order differences at the lower precision.
-REL_L2_FACTOR = {torch.float32: 1.0, torch.float64: 1.0}
+REL_L2_FACTOR = MappingProxyType({torch.float32: 1.0, torch.float64: 1.0})
 REL_L2_FACTOR_HALF = 10.0
 CHUNK = 1 << 26  # elements per slice: bounds the temporary memory of comparing multi-GB outputs
 

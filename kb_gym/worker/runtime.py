@@ -18,15 +18,18 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from kb_gym.worker.checks import compare_outputs, flatten_outputs
+from kb_gym.worker.guard import HarnessGuard
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.timing import Timer
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Read-only: the guard compares the harness's globals by identity, which an in-place edit would keep.
+_DTYPES = MappingProxyType({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16})
 _clone = torch.Tensor.clone
 _isfinite = torch.isfinite  # bound before any candidate is imported, like checks.py's functions
 
@@ -56,7 +59,7 @@ class WorkerContext:
         self.timer = Timer(self.device)
         self.jobs_done = 0
         self.compiled_baselines: dict[str, Any] = {}
-        self.originals = _harness_identity()
+        self.guard = HarnessGuard()
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.idle_gpu_bytes = self._gpu_bytes()
 
@@ -86,7 +89,7 @@ class WorkerContext:
 
 # Dense tensor-core peaks (FLOP/s) by compute capability: the fastest arithmetic any kernel could
 # use, so the floor stays below every honest candidate. Unknown GPUs get the largest.
-_PEAK_FLOPS = {(8, 0): 312e12, (8, 6): 150e12, (8, 9): 360e12, (9, 0): 990e12, (10, 0): 2250e12}
+_PEAK_FLOPS = MappingProxyType({(8, 0): 312e12, (8, 6): 150e12, (8, 9): 360e12, (9, 0): 990e12, (10, 0): 2250e12})
 
 
 def _device_peaks(device: torch.device) -> tuple[float | None, float]:
@@ -150,20 +153,14 @@ def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
     gc.freeze()
 
 
-def _harness_identity() -> dict[str, Any]:
-    # The objects a candidate might patch to fool the check or the clock; compared after each job.
-    import time as _time
-
-    return {"torch.allclose": torch.allclose, "torch.isclose": torch.isclose,
-            "torch.equal": torch.equal, "torch.Tensor.__eq__": torch.Tensor.__eq__,
-            "torch.Tensor.clone": torch.Tensor.clone, "time.perf_counter": _time.perf_counter,
-            "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
-            "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time}
-
-
-def _tampered(ctx: WorkerContext) -> list[str]:
-    now = _harness_identity()
-    return [name for name, obj in ctx.originals.items() if now[name] is not obj]
+def _verify_harness(ctx: WorkerContext, result: dict[str, Any], where: str) -> None:
+    """Stop the job if the candidate changed what the check or the reference runs through (see guard.py)."""
+    changed = ctx.guard.changes()
+    if changed:
+        if "tampering" not in result["flags"]:
+            result["flags"].append("tampering")
+        raise StageError("incorrect", f"the candidate changed the harness or torch {where}: {', '.join(changed)}",
+                         restart=True)
 
 
 def _load_module(path: Path, name: str) -> Any:
@@ -317,6 +314,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     except Exception as exc:  # noqa: BLE001
         raise StageError("runtime_error", f"the reference problem failed to load: {_trim_traceback(exc, '')}") from None
     state["ref_model"] = ref_model
+    if cfg["timing"] and cfg["baseline"] == "compile" and job.get("source") is not None:
+        _compile_baseline(ctx, job, ref_mod, ref_model, seed, dtype)
+    # Everything so far is the harness's and the reference's own: the reference point for the guard.
+    ctx.guard.rebase(ref_mod)
 
     cand_fn: Callable[..., Any] | None = None
     cand_model = None
@@ -346,6 +347,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         cand_fn = cand_model
         state["cand_model"] = cand_model
         result["compiled"] = True
+        _verify_harness(ctx, result, "while loading")
     stages["load"] = time.perf_counter() - t0
 
     if job.get("device_lock") and (cand_fn is not None or cfg["timing"]):
@@ -418,6 +420,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                for a, b in zip(cand_inputs, pristine, strict=True)):
             if "input_mutation" not in result["flags"]:
                 result["flags"].append("input_mutation")
+        _verify_harness(ctx, result, f"in trial {trial + 1}")
         with torch.no_grad():
             if trial == 0:
                 ref_out, flops = _counting_flops(ref_model, _clone_inputs(inputs))
@@ -523,6 +526,7 @@ def _widened_trial(ctx: WorkerContext, ref_mod: Any, ref_model: Any, cand_fn: An
         raise StageError("runtime_error", "trial on inputs of both signs: "
                          + _trim_traceback(exc, state.get("candidate_file", "")),
                          restart=_sticky_cuda_error(ctx.device)) from None
+    _verify_harness(ctx, result, "in the trial on inputs of both signs")
     try:
         with torch.no_grad():
             ref_out = ref_model(*_clone_inputs(inputs))
@@ -560,17 +564,27 @@ def _trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
     return trivial
 
 
+def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, seed: int,
+                      dtype: torch.dtype) -> Any:
+    """``torch.compile(Model)``, compiled by one call before any candidate code runs: compiling imports
+    and registers much of torch, which the guard must take as the harness's doing. Kept per problem."""
+    key = job["problem_key"]
+    if key not in ctx.compiled_baselines:
+        ctx.compiled_baselines.clear()
+        compiled = torch.compile(ref_model)
+        with torch.no_grad():
+            compiled(*_make_inputs(ref_mod, seed + 1000, ctx.device, dtype))
+        ctx.compiled_baselines[key] = compiled
+    return ctx.compiled_baselines[key]
+
+
 def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, cand_fn: Any,
             seed: int, dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any],
             state: dict[str, Any]) -> None:
     cfg = job["config"]
     baseline_fn = ref_model
     if cfg["baseline"] == "compile":
-        key = job["problem_key"]
-        if key not in ctx.compiled_baselines:
-            ctx.compiled_baselines.clear()
-            ctx.compiled_baselines[key] = torch.compile(ref_model)
-        baseline_fn = ctx.compiled_baselines[key]
+        baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, seed, dtype)
     input_sets = [_make_inputs(ref_mod, seed + 1000 + k, ctx.device, dtype)
                   for k in range(max(1, int(cfg["timing_input_sets"])))]
 
@@ -591,6 +605,18 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
                 return fn(*args)
         return call
 
+    # Before timed calls, outside the timed region: a patch the candidate's call made (one that slows
+    # the baseline down, then restores itself) is caught before the baseline runs. A check costs ~3 ms,
+    # so after the first few calls a random quarter are checked: a patch that changes the timing has
+    # to be there on most calls, and is then found within a few.
+    draw = random.SystemRandom()
+    calls = iter(range(1 << 30))
+
+    def before_call() -> None:
+        if next(calls) < 4 or draw.random() < 0.25:
+            _verify_harness(ctx, result, "while timing")
+
+    ctx.timer.before_call = before_call
     try:
         timing = ctx.timer.time_pair(
             None if ref_outputs else no_grad(baseline_fn), no_grad(cand_fn) if cand_fn is not None else None,
@@ -599,10 +625,14 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
             max_seconds=float(cfg["timing_max_seconds"]))
+    except StageError:
+        raise
     except BaseException as exc:  # noqa: BLE001
         sticky = _sticky_cuda_error(ctx.device)
         raise StageError("runtime_error", "failed while timing: " + _trim_traceback(exc, ""),
                          restart=sticky) from None
+    finally:
+        ctx.timer.before_call = None
     # The stage minus this is set-up (input sets, baseline outputs): the split tells a slow loop from slow set-up.
     result["stage_seconds"]["timing_loop"] = timing.seconds
     if timing.mismatch:
@@ -627,13 +657,14 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
 def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any], numerics: tuple[Any, ...] | None) -> None:
     if numerics is not None and _numerics() != numerics and "precision_change" not in result["flags"]:
         result["flags"].append("precision_change")  # set through a name the static check did not see
-    tampered = _tampered(ctx)
+    tampered = ctx.guard.changes()
     if tampered:
-        result["flags"].append("tampering")
+        if "tampering" not in result["flags"]:
+            result["flags"].append("tampering")
         result["restart"] = True
         if result.get("status") == "correct":
             result.update(status="incorrect", correct=False,
-                          error=f"the candidate replaced harness functions: {', '.join(tampered)}")
+                          error=f"the candidate changed the harness or torch: {', '.join(tampered)}")
     for name in [n for n in sys.modules if n.startswith(("kb_candidate_", "kb_reference_"))]:
         del sys.modules[name]
     _kill_children()

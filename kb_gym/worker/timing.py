@@ -90,9 +90,12 @@ class Timer:
         self.device = device
         self.flusher = CacheFlusher(device)
         self.is_cuda = device.type == "cuda"
+        self.before_call: Callable[[], None] | None = None  # runs before each timed call, outside its timing
 
     def call(self, fn: Callable[..., Any], inputs: list[Any]) -> tuple[Any, float, float]:
         """Run ``fn(*inputs)`` once on a cold cache; return (output, event ms, host ms)."""
+        if self.before_call is not None:
+            self.before_call()
         if self.is_cuda:
             self.flusher.flush()
             _synchronize(self.device)

@@ -1,0 +1,132 @@
+"""Patches that reach the harness or torch by paths no static check names (computed attribute names):
+the worker's guard compares what the check and the reference run through before every reference
+call, fails the candidate with ``tampering`` and replaces the worker, so the next evaluation is clean."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, Problem
+
+CHECK = EvalConfig(trials=2, timing=False)
+TIMED = EvalConfig(trials=2, timing_min_reps=6, timing_max_reps=12, timing_warmup=1, timing_max_seconds=5)
+
+GELU = Problem(id=1, name="1_GELU", level=1, code='''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x)
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+def get_init_inputs():
+    return []
+''')
+
+HONEST = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
+'''
+
+# Each reaches its target through getattr with computed names, which the static checks cannot follow.
+HARNESS_CHECK_REPLACED = '''
+import torch
+import torch.nn as nn
+
+_loaded = getattr(getattr(torch, "_ut" + "ils"), "s" + "ys").modules
+_runtime = _loaded["kb" + "_gym.worker.runtime"]
+_passing = type(_runtime.compare_outputs(torch.zeros(1), torch.zeros(1), 1.0, 1.0))
+setattr(_runtime, "compare_" + "outputs", lambda *args, **kwargs: _passing(True))
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)
+'''
+
+REFERENCE_FOOLED_THEN_RESTORED = '''
+import torch
+import torch.nn as nn
+
+_F = getattr(getattr(torch, "n" + "n"), "function" + "al")
+_real = getattr(_F, "ge" + "lu")
+
+def _zeros_once(x, approximate="none"):
+    setattr(_F, "ge" + "lu", _real)  # gone again before anything looks after the reference ran
+    return torch.zeros_like(x)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        setattr(_F, "ge" + "lu", _zeros_once)
+        return torch.zeros_like(x)
+'''
+
+GLOBAL_FORWARD_HOOK = '''
+import torch
+import torch.nn as nn
+
+_module = getattr(getattr(getattr(torch, "n" + "n"), "mod" + "ules"), "mod" + "ule")
+getattr(_module, "register_module_forward" + "_hook")(lambda mod, args, out: torch.zeros_like(out))
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)
+'''
+
+BASELINE_SLOWED_WHILE_TIMING = '''
+import time
+import torch
+import torch.nn as nn
+
+_F = getattr(getattr(torch, "n" + "n"), "function" + "al")
+_real = getattr(_F, "ge" + "lu")
+_calls = [0]
+
+def _slow_once(x, approximate="none"):
+    setattr(_F, "ge" + "lu", _real)
+    getattr(time, "sl" + "eep")(0.05)
+    return _real(x, approximate=approximate)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _calls[0] += 1
+        if _calls[0] > 4:  # past the correctness trials: only the timed baseline calls are slowed
+            setattr(_F, "ge" + "lu", _slow_once)
+        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
+'''
+
+
+@pytest.fixture(scope="module")
+def ev():
+    evaluator = Evaluator("cpu", results_path=False)
+    yield evaluator
+    evaluator.close()
+
+
+@pytest.mark.parametrize(("source", "where", "what"), [
+    pytest.param(HARNESS_CHECK_REPLACED, "while loading", "kb_gym.worker.runtime.compare_outputs", id="harness"),
+    pytest.param(REFERENCE_FOOLED_THEN_RESTORED, "in trial 1", "torch.nn.functional.gelu", id="self_restoring"),
+    pytest.param(GLOBAL_FORWARD_HOOK, "while loading", "_global_forward_hooks", id="global_hook"),
+])
+def test_a_patch_reached_by_computed_names_is_tampering_and_the_next_evaluation_is_clean(ev, source, where, what):
+    r = ev.evaluate(GELU, source, config=CHECK)
+    assert r.status == "incorrect" and "tampering" in r.flags, (r.status, r.flags, r.error)
+    assert where in r.error and what in r.error, r.error
+    zeros = ev.evaluate(GELU, "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+                              "        return torch.zeros_like(x)\n", config=CHECK)
+    assert zeros.status == "incorrect" and "tampering" not in zeros.flags, (zeros.status, zeros.error)
+    honest = ev.evaluate(GELU, HONEST, config=CHECK)
+    assert honest.status == "correct" and "tampering" not in honest.flags, honest.error
+
+
+def test_slowing_the_baseline_only_while_timing_is_tampering(ev):
+    r = ev.evaluate(GELU, BASELINE_SLOWED_WHILE_TIMING, config=TIMED)
+    assert r.status == "incorrect" and "tampering" in r.flags and "while timing" in r.error, (r.status, r.error)
+    honest = ev.evaluate(GELU, HONEST, config=TIMED)
+    assert honest.status == "correct" and set(honest.flags) <= {"no_custom_kernel"}, (honest.error, honest.flags)
