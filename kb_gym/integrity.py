@@ -239,6 +239,8 @@ _REF_RULES: tuple[tuple[str, str], ...] = (
     ("os.unsetenv", "io_escape"), ("os.setsid", "io_escape"), ("os.setpgid", "io_escape"),
     ("os.setpgrp", "io_escape"), ("os.nice", "io_escape"), ("os.setpriority", "io_escape"),
     ("os.sched_setaffinity", "io_escape"), ("os.getppid", "io_escape"),
+    ("os.write", "io_escape"), ("os.writev", "io_escape"), ("os.pwrite", "io_escape"), ("os.pwritev", "io_escape"),
+    ("os.sendfile", "io_escape"), ("os.dup", "io_escape"), ("os.dup2", "io_escape"), ("os.fdopen", "io_escape"),
     ("importlib.reload", "harness_patch"), ("imp.reload", "harness_patch"),
     ("unittest.mock", "harness_patch"), ("mock", "harness_patch"), ("pytest", "harness_patch"),
     ("kb_gym", "harness_patch"), ("site", "harness_patch"),
@@ -448,6 +450,7 @@ class _Analyzer:
         self.module_like: set[str] = set()
         self.nodes: list[ast.AST] = []
         self.docstrings: set[int] = set()
+        self.const_indexed: set[int] = set()  # expressions indexed by a constant key (`vars(m)["name"]`)
 
     # ----------------------------------------------------------------- reporting
 
@@ -495,6 +498,8 @@ class _Analyzer:
                     self.docstrings.add(id(body[0].value))
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 self.bound.add(node.name)
+            elif isinstance(node, ast.Subscript) and _const_str(node.slice) is not None:
+                self.const_indexed.add(id(node.value))
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 self.docstrings.add(id(node.value))
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -616,6 +621,9 @@ class _Analyzer:
                     q = self.qual(node)
                     if q:
                         self.check_module_name(q, node.lineno, "uses")
+                    if node.attr == "__dict__" and self.qual(node.value) and id(node) not in self.const_indexed:
+                        self.add("dynamic_code", node.lineno, f"reads the namespace of `{self.qual(node.value)}` "
+                                 "through `__dict__`")
             elif isinstance(node, ast.Name):
                 if node.id == "__builtins__":
                     self.add("harness_patch", node.lineno, "uses `__builtins__`")
@@ -735,6 +743,11 @@ class _Analyzer:
             inner = self.qual(node)
             if inner:
                 self.check_module_name(inner, line, "uses")
+        elif _is_builtin(q, "getattr") and len(args) >= 2 and self.qual(args[0]):
+            self.add("dynamic_code", line, f"reads an attribute of `{self.qual(args[0])}` whose name is computed "
+                     f"(`{_short(node)}`)")
+        elif _is_builtin(q, "vars") and args and self.qual(args[0]) and id(node) not in self.const_indexed:
+            self.add("dynamic_code", line, f"reads the namespace of `{self.qual(args[0])}` with `vars`")
         if q is None:
             self.check_path_method(node)
             return

@@ -122,6 +122,13 @@ ATTACKS: list[tuple[str, str, str]] = [
      "introspection"),
     ("sys_through_torch", candidate("loaded = torch._utils.sys.modules  # <-"), "introspection"),
     ("gc_through_torch", candidate("objects = torch.nn.modules.module.gc  # <-"), "introspection"),
+    ("computed_getattr", candidate('utils = getattr(torch, "_ut" + "ils")  # <-'), "dynamic_code"),
+    ("vars_of_module", candidate('utils = vars(torch)["_ut" + "ils"]  # <-'), "dynamic_code"),
+    ("module_dict", candidate('utils = torch.__dict__["_ut" + "ils"]  # <-'), "dynamic_code"),
+    ("raw_fd_write", candidate("import os", forward="""
+        os.write(5, b'{"type": "result", "status": "correct"}')  # <-
+        return launch(x)
+    """), "io_escape"),
     # ------------------------------------------------------------------ pytorch_compiler
     ("torch_compile", candidate("", forward="""
         y = torch.compile(torch.abs)(x)  # <-
