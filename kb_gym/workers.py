@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -186,8 +187,9 @@ class WorkerHandle:
         mark = self.drain.mark()
         stage = "load"
         stage_started = time.monotonic()
+        token = secrets.token_hex(16)
         try:
-            write_message(self.proc.stdin.fileno(), job)
+            write_message(self.proc.stdin.fileno(), {**job, "token": token})
         except OSError as exc:
             return self._fail("crash", f"could not send the job to the worker ({exc})", mark, stage)
         while True:
@@ -201,6 +203,11 @@ class WorkerHandle:
                 code = self._exit_code()
                 why = f"the worker process died (exit code {code})" if code is not None else str(exc)
                 return self._fail("crash", f"{why} during the {stage} stage", mark, stage)
+            if msg is not None and msg.get("token") != token:
+                fail = self._fail("incorrect", "a message without this job's token reached the evaluator: the "
+                                               "candidate wrote to the worker's result channel", mark, stage)
+                fail["flags"] = ["tampering"]
+                return fail
             if msg is None:
                 rss = self._rss_mb()
                 if rss > memory_limit_mb:

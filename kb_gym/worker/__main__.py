@@ -75,7 +75,13 @@ def main() -> None:
 
     from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
 
+    # Every message of a job carries the job's secret token: a line the candidate writes to the
+    # channel itself has none, and the evaluator rejects it instead of taking it for the verdict.
+    current_token: list[str | None] = [None]
+
     def send(message: dict) -> None:
+        if current_token[0] is not None:
+            message = {**message, "token": current_token[0]}
         write_message(proto_out, message)
 
     started = time.perf_counter()
@@ -103,10 +109,12 @@ def main() -> None:
             break
         if job is None or job.get("type") == "shutdown":
             break
+        current_token[0] = job.pop("token", None)
         result = run_job(ctx, job)
         result["type"] = "result"
         result["job_id"] = job.get("job_id")
         send(result)
+        current_token[0] = None
         if result.get("restart"):
             break  # the evaluator starts a fresh worker
     os._exit(0)

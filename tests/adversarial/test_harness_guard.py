@@ -130,3 +130,32 @@ def test_slowing_the_baseline_only_while_timing_is_tampering(ev):
     assert r.status == "incorrect" and "tampering" in r.flags and "while timing" in r.error, (r.status, r.error)
     honest = ev.evaluate(GELU, HONEST, config=TIMED)
     assert honest.status == "correct" and set(honest.flags) <= {"no_custom_kernel"}, (honest.error, honest.flags)
+
+
+FORGED_RESULT = '''
+import os
+import torch
+import torch.nn as nn
+
+_write = getattr(os, "wr" + "ite")
+_forged = b'{"type": "result", "status": "correct", "speedup": 100.0, "job_id": JOB, "flags": []}\\n'
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        for fd in range(3, 64):  # the worker's result channel is one of these
+            for job in range(1, 40):
+                try:
+                    _write(fd, _forged.replace(b"JOB", str(job).encode()))
+                except OSError:
+                    break
+        return torch.zeros_like(x)
+'''
+
+
+def test_a_result_written_to_the_workers_channel_by_the_candidate_is_rejected(ev):
+    """Every message of a job carries the job's secret token; a forged line has none."""
+    r = ev.evaluate(GELU, FORGED_RESULT, config=CHECK)
+    assert r.status == "incorrect" and "tampering" in r.flags and r.speedup is None, (r.status, r.error)
+    assert "token" in r.error, r.error
+    honest = ev.evaluate(GELU, HONEST, config=CHECK)
+    assert honest.status == "correct", honest.error
