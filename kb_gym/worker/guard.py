@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -73,6 +74,17 @@ def _registry_entry(value: dict) -> tuple[int, ...]:
     return tuple(id(v) for v in value.values())
 
 
+def _tensor_prints(tensors: list[torch.Tensor]) -> list[tuple[float, ...]]:
+    """Where each tensor lives, its sum and its norm: one transfer for all of them."""
+    if not tensors:
+        return []
+    with torch.no_grad():
+        stats = torch.stack([torch.stack([t.detach().sum(dtype=torch.float64),
+                                          torch.linalg.vector_norm(t.detach()).double()]) for t in tensors])
+    values = stats.cpu().tolist()
+    return [(float(t.data_ptr()), *v) for t, v in zip(tensors, values, strict=True)]
+
+
 def _interpreter_state() -> tuple[Any, ...]:
     """Trace and profile functions and torch's function/dispatch mode stacks: each reroutes every call."""
     c = torch._C
@@ -91,11 +103,17 @@ class HarnessGuard:
         self._state: tuple[Any, ...] = ()
         self._quick: tuple[Any, ...] = ()
         self._functions: list[types.FunctionType] = []
+        self._tensors: list[torch.Tensor] = []
+        self._tensor_prints: list[tuple[float, ...]] = []
         self.rebase()
 
-    def rebase(self, *extra_modules: types.ModuleType) -> None:
+    def rebase(self, *extra_modules: types.ModuleType, tensors: Iterable[torch.Tensor] = ()) -> None:
         """Take the current state as the reference point: at the start of a job, once the reference
-        (a trusted module, passed here to be watched too) is loaded and before any candidate code."""
+        (a trusted module, passed here to be watched too) is loaded and before any candidate code.
+        ``tensors`` (the reference model's parameters) are watched by value: an in-place edit through
+        ``.data`` leaves their version counters alone."""
+        self._tensors = list(tensors)
+        self._tensor_prints = _tensor_prints(self._tensors)
         self._spaces = _namespaces([*_watched_modules(), *extra_modules])
         self._base = [_snapshot(ns, strict) for _, ns, strict in self._spaces]
         self._registries = {(i, key): _registry_entry(value) for i, (_, ns, _) in enumerate(self._spaces)
@@ -104,6 +122,10 @@ class HarnessGuard:
         self._functions = [v for _, ns, _ in self._spaces for v in list(ns.values())
                            if isinstance(v, types.FunctionType)]
         self._quick = self._quick_state()
+
+    def release(self) -> None:
+        """Let go of the job's tensors (the reference's parameters) once the job is done."""
+        self._tensors, self._tensor_prints = [], []
 
     def _quick_state(self) -> tuple[Any, ...]:
         # Every value's identity and every watched function's code: one C-speed pass (~2 ms). When it
@@ -116,6 +138,10 @@ class HarnessGuard:
 
     def changes(self, limit: int = 5) -> list[str]:
         """What differs from the reference point, as ``namespace.name`` strings (at most ``limit``)."""
+        edited = [i for i, (a, b) in enumerate(zip(_tensor_prints(self._tensors), self._tensor_prints, strict=True))
+                  if a != b]
+        if edited:
+            return [f"the reference's parameter {i} (edited in place)" for i in edited[:limit]]
         quick = self._quick_state()
         if quick == self._quick and not self._registries_changed():
             return []

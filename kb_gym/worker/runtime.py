@@ -317,7 +317,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     if cfg["timing"] and cfg["baseline"] == "compile" and job.get("source") is not None:
         _compile_baseline(ctx, job, ref_mod, ref_model, seed, dtype)
     # Everything so far is the harness's and the reference's own: the reference point for the guard.
-    ctx.guard.rebase(ref_mod)
+    ctx.guard.rebase(ref_mod, tensors=[p for p in ref_model.parameters() if p.is_floating_point()]
+                     if isinstance(ref_model, torch.nn.Module) else ())
 
     cand_fn: Callable[..., Any] | None = None
     cand_model = None
@@ -658,6 +659,7 @@ def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any], numerics
     if numerics is not None and _numerics() != numerics and "precision_change" not in result["flags"]:
         result["flags"].append("precision_change")  # set through a name the static check did not see
     tampered = ctx.guard.changes()
+    ctx.guard.release()
     if tampered:
         if "tampering" not in result["flags"]:
             result["flags"].append("tampering")

@@ -159,3 +159,47 @@ def test_a_result_written_to_the_workers_channel_by_the_candidate_is_rejected(ev
     assert "token" in r.error, r.error
     honest = ev.evaluate(GELU, HONEST, config=CHECK)
     assert honest.status == "correct", honest.error
+
+
+LINEAR = Problem(id=2, name="2_Linear", level=1, code='''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+    def forward(self, x):
+        return self.fc(x)
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+def get_init_inputs():
+    return []
+''')
+
+REFERENCE_WEIGHTS_ZEROED = '''
+import torch
+import torch.nn as nn
+
+_gc = __import__("g" + "c")
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+    def forward(self, x):
+        for obj in getattr(_gc, "get_" + "objects")():
+            if isinstance(obj, nn.Module) and type(obj).__name__ == "Model":
+                for p in obj.parameters():
+                    p.data.zero_()  # .data: the version counter does not move
+        return torch.zeros(x.shape[0], 32, device=x.device)
+'''
+
+
+def test_zeroing_the_references_weights_in_place_is_tampering(ev):
+    r = ev.evaluate(LINEAR, REFERENCE_WEIGHTS_ZEROED, config=CHECK)
+    assert r.status == "incorrect" and "tampering" in r.flags and "parameter" in r.error, (r.status, r.error)
+    honest = ev.evaluate(LINEAR, LINEAR.code.replace("class Model(", "class ModelNew("), config=CHECK)
+    assert honest.status == "correct", honest.error
