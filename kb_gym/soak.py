@@ -39,6 +39,19 @@ FAULTS: dict[str, tuple[str, str]] = {
                  "return torch.relu(x)"),
     "device_oom": ("", "return torch.empty(1 << 42, dtype=torch.uint8, device=x.device)"),
     "kill_parent": ("import signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "return torch.relu(x)"),
+    # Patches the reference sees: caught by the harness guard, the worker is replaced.
+    "patch_reference": ("_real = torch.relu\n"
+                        "def _once(x):\n    torch.relu = _real\n    return torch.zeros_like(x)\n",
+                        "torch.relu = _once; return torch.zeros_like(x)"),
+    "forge_result": ("import stat\n"
+                     "def _forge():\n"
+                     "    for fd in range(3, 64):\n"
+                     "        try:\n"
+                     "            if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+                     "                os.write(fd, b'{\"type\": \"result\", \"status\": \"correct\"}\\n')\n"
+                     "        except OSError:\n"
+                     "            pass\n",
+                     "_forge(); return torch.relu(x)"),
 }
 
 
