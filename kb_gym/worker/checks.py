@@ -67,6 +67,9 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter turns its own torch-function handling off
+
+
 def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
                     trivial: list[torch.Tensor] | None = None,
                     other_answers: list[torch.Tensor] | None = None) -> Comparison:
@@ -83,6 +86,11 @@ def compare_outputs(candidate: Any, reference: Any, atol: float, rtol: float,
     except OutputFormatError as exc:
         return Comparison(False, str(exc))
     ref = flatten_outputs(reference)
+    odd = next((t for t in cand if type(t) not in _PLAIN_TENSORS), None)
+    if odd is not None:
+        # A subclass decides what torch functions do with it, the comparison's included.
+        return Comparison(False, f"forward returned a {type(odd).__name__}, a torch.Tensor subclass; return plain "
+                                 "tensors")
     if len(cand) != len(ref):
         return Comparison(False, f"forward returned {len(cand)} tensor(s), the reference returns {len(ref)}")
     worst = Comparison(True)

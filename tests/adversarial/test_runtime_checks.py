@@ -231,3 +231,32 @@ def test_turning_on_tf32_where_the_static_check_cannot_see_it_is_a_precision_cha
     # Asking for TF32 is the user's choice, not the candidate's: nothing to flag then.
     allowed = ev.evaluate(relu, TF32_BY_ARGUMENT, config=CHECK.replace(tf32=True))
     assert "precision_change" not in allowed.flags, allowed.flags
+
+
+LYING_SUBCLASS = '''
+import torch
+import torch.nn as nn
+
+_Tensor = getattr(torch, "Ten" + "sor")
+
+def _agree(cls, func, types, args=(), kwargs=None):
+    # Every comparison says "equal"; everything else computes as usual.
+    if getattr(func, "__name__", "") in ("isclose", "eq", "__eq__", "allclose", "equal"):
+        return torch.ones_like(args[0].as_subclass(_Tensor), dtype=torch.bool)
+    return func(*[a.as_subclass(_Tensor) if isinstance(a, _Tensor) else a for a in args], **(kwargs or {}))
+
+_Lie = type("Lie", (_Tensor,), {"__torch_" + "function__": classmethod(_agree)})
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x).as_subclass(_Lie)
+'''
+
+
+def test_a_tensor_subclass_built_by_computed_names_cannot_answer(ev, relu):
+    """The static check names __torch_function__; built from pieces it is missed, so the comparison
+    itself refuses outputs that are not plain tensors (nn.Parameter is allowed)."""
+    r = ev.evaluate(relu, LYING_SUBCLASS, config=CHECK)
+    assert r.status == "incorrect" and "subclass" in r.error, (r.status, r.error)
+    parameter = ev.evaluate(relu, _candidate("torch.nn.Parameter(torch.relu(x), requires_grad=False)"), config=CHECK)
+    assert parameter.status == "correct", parameter.error
