@@ -14,6 +14,7 @@ normal use and are not compared, except in kb_gym's own modules, where nothing m
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterable
 from operator import attrgetter
@@ -105,6 +106,7 @@ class HarnessGuard:
         self._functions: list[types.FunctionType] = []
         self._tensors: list[torch.Tensor] = []
         self._tensor_prints: list[tuple[float, ...]] = []
+        self._threads: set[threading.Thread] = set()
         self.rebase()
 
     def rebase(self, *extra_modules: types.ModuleType, tensors: Iterable[torch.Tensor] = ()) -> None:
@@ -114,6 +116,7 @@ class HarnessGuard:
         ``.data`` leaves their version counters alone."""
         self._tensors = list(tensors)
         self._tensor_prints = _tensor_prints(self._tensors)
+        self._threads = set(threading.enumerate())
         self._spaces = _namespaces([*_watched_modules(), *extra_modules])
         self._base = [_snapshot(ns, strict) for _, ns, strict in self._spaces]
         self._registries = {(i, key): _registry_entry(value) for i, (_, ns, _) in enumerate(self._spaces)
@@ -122,6 +125,10 @@ class HarnessGuard:
         self._functions = [v for _, ns, _ in self._spaces for v in list(ns.values())
                            if isinstance(v, types.FunctionType)]
         self._quick = self._quick_state()
+
+    def new_threads(self) -> list[str]:
+        """Threads started since the reference point that still run: they would go on into later jobs."""
+        return sorted(t.name for t in threading.enumerate() if t not in self._threads and t.is_alive())
 
     def release(self) -> None:
         """Let go of the job's tensors (the reference's parameters) once the job is done."""

@@ -659,6 +659,9 @@ def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any], numerics
     if numerics is not None and _numerics() != numerics and "precision_change" not in result["flags"]:
         result["flags"].append("precision_change")  # set through a name the static check did not see
     tampered = ctx.guard.changes()
+    threads = ctx.guard.new_threads()
+    if threads:  # Python cannot stop a thread: only a fresh worker is rid of it
+        tampered.append(f"left {len(threads)} thread(s) running ({', '.join(threads[:3])})")
     ctx.guard.release()
     if tampered:
         if "tampering" not in result["flags"]:
@@ -666,7 +669,7 @@ def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any], numerics
         result["restart"] = True
         if result.get("status") == "correct":
             result.update(status="incorrect", correct=False,
-                          error=f"the candidate changed the harness or torch: {', '.join(tampered)}")
+                          error=f"the candidate tampered with the worker: {', '.join(tampered)}")
     for name in [n for n in sys.modules if n.startswith(("kb_candidate_", "kb_reference_"))]:
         del sys.modules[name]
     _kill_children()

@@ -203,3 +203,31 @@ def test_zeroing_the_references_weights_in_place_is_tampering(ev):
     assert r.status == "incorrect" and "tampering" in r.flags and "parameter" in r.error, (r.status, r.error)
     honest = ev.evaluate(LINEAR, LINEAR.code.replace("class Model(", "class ModelNew("), config=CHECK)
     assert honest.status == "correct", honest.error
+
+
+LINGERING_THREAD = '''
+import time
+import torch
+import torch.nn as nn
+
+_threading = __import__("thre" + "ading")
+
+def _wait_for_later_jobs():
+    while True:
+        time.sleep(0.01)
+
+_threading.Thread(target=_wait_for_later_jobs, daemon=True).start()
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
+'''
+
+
+def test_a_thread_left_running_fails_the_job_and_does_not_reach_the_next(ev):
+    """A thread outlives its job and could patch the next candidate's reference; Python cannot stop it,
+    so the job fails and the worker is replaced."""
+    r = ev.evaluate(GELU, LINGERING_THREAD, config=CHECK)
+    assert r.status == "incorrect" and "tampering" in r.flags and "thread" in r.error, (r.status, r.error)
+    honest = ev.evaluate(GELU, HONEST, config=CHECK)
+    assert honest.status == "correct" and honest.worker["restarts"] >= 1, (honest.error, honest.worker)
