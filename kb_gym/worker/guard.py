@@ -29,6 +29,7 @@ _WATCHED_PREFIXES = (
     "torch.cuda", "torch.autograd", "torch.backends", "torch.testing", "torch.utils.cpp_extension",
 )
 _WATCHED_EXACT = ("torch", "builtins", "math", "time", "json", "os", "select", "operator", "functools")
+_CODE, _DEFAULTS, _KWDEFAULTS = (attrgetter(a) for a in ("__code__", "__defaults__", "__kwdefaults__"))
 _CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, property, staticmethod,
                    classmethod, types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)
 
@@ -62,9 +63,6 @@ def _entry(value: Any) -> tuple[int, ...]:
 def _snapshot(namespace: Any, strict: bool) -> dict[str, tuple[int, ...]]:
     return {key: _entry(value) for key, value in list(namespace.items())
             if strict or isinstance(value, _CALLABLE_KINDS) or _is_hook_registry(key, value)}
-
-
-_CODE, _DEFAULTS, _KWDEFAULTS = (attrgetter(a) for a in ("__code__", "__defaults__", "__kwdefaults__"))
 
 
 def _is_hook_registry(key: Any, value: Any) -> bool:
@@ -107,6 +105,9 @@ class HarnessGuard:
         self._tensors: list[torch.Tensor] = []
         self._tensor_prints: list[tuple[float, ...]] = []
         self._threads: set[threading.Thread] = set()
+        # Every object whose id is on record stays referenced here: a freed object's address could
+        # otherwise be reused by a replacement, which would then carry the original's id.
+        self._kept: list[Any] = []
         self.rebase()
 
     def rebase(self, *extra_modules: types.ModuleType, tensors: Iterable[torch.Tensor] = ()) -> None:
@@ -124,6 +125,7 @@ class HarnessGuard:
         self._state = _interpreter_state()
         self._functions = [v for _, ns, _ in self._spaces for v in list(ns.values())
                            if isinstance(v, types.FunctionType)]
+        self._kept = [self._objects()]
         self._quick = self._quick_state()
 
     def new_threads(self) -> list[str]:
@@ -133,6 +135,13 @@ class HarnessGuard:
     def release(self) -> None:
         """Let go of the job's tensors (the reference's parameters) once the job is done."""
         self._tensors, self._tensor_prints = [], []
+
+    def _objects(self) -> tuple[Any, ...]:
+        values = tuple(tuple(ns.values()) for _, ns, _ in self._spaces)
+        hooks = tuple(tuple(v.values()) for _, ns, _ in self._spaces for k, v in list(ns.items())
+                      if _is_hook_registry(k, v))
+        functions = tuple((f.__code__, f.__defaults__, f.__kwdefaults__) for f in self._functions)
+        return values, hooks, functions
 
     def _quick_state(self) -> tuple[Any, ...]:
         # Every value's identity and every watched function's code: one C-speed pass (~2 ms). When it
@@ -153,8 +162,9 @@ class HarnessGuard:
         if quick == self._quick and not self._registries_changed():
             return []
         found = self._compare(limit)
-        if not found:
-            self._quick = quick  # only harmless changes (caches, lazy imports): not worth a full pass again
+        if not found:  # only harmless changes (caches, lazy imports): not worth a full pass again
+            self._kept = [self._kept[0], self._objects()]  # the base's objects, and those of this state
+            self._quick = quick
         return found
 
     def _registries_changed(self) -> bool:
