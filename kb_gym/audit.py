@@ -128,6 +128,9 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by a stopped run: that problem runs again
         Path(out).write_text("".join(json.dumps(row) + "\n" for row in done.values()))  # drop the cut line
+        # A row from an audit with other candidates (an older version, other --kinds) is run again; its
+        # new row is appended after it, and the last row of a problem is the one read back.
+        done = {key: row for key, row in done.items() if all(k in row for k in (*kinds, *CONTROLS))}
     todo = [p for p in problems if p.key not in done]
     cfg = EvalConfig(trials=trials, timing=False)
     with Evaluator(device, config=cfg, results_path=False) as ev:
@@ -172,7 +175,8 @@ def passable_problems(rows: str | os.PathLike | Sequence[dict[str, Any]]) -> lis
     ``rows``: ``run_audit``'s rows or the JSONL file ``kb-gym audit --out`` wrote."""
     if isinstance(rows, (str, os.PathLike)):
         rows = [json.loads(line) for line in Path(rows).read_text().splitlines() if line.strip()]
-    return [r["problem"] for r in rows if r.get("passed_by") or r.get("unverifiable")]
+    latest = {r["problem"]: r for r in rows}  # a problem audited again: its last row counts
+    return [key for key, r in latest.items() if r.get("passed_by") or r.get("unverifiable")]
 
 
 def format_audit(rows: list[dict[str, Any]], kinds: Sequence[str] = tuple(TRIVIAL)) -> str:

@@ -48,12 +48,16 @@ def test_audit_resumes_from_its_jsonl_and_reruns_a_cut_line(tmp_path):
     """Rows already written are kept as they are (not re-run); a half-written last line is re-run."""
     problems = load_problems("builtin", level=1)[:2]
     out = tmp_path / "audit.jsonl"
-    kept = {"problem": problems[0].key, "degenerate": False, "passed_by": ["sentinel"], "errors": {}}
+    kept = {"problem": problems[0].key, "degenerate": False, "passed_by": ["sentinel"], "errors": {},
+            "zeros": "incorrect", "reference": "correct", "fp64_reference": "correct"}
     out.write_text(json.dumps(kept) + "\n" + '{"problem": "' + problems[1].key + '", "degen')
     rows = run_audit(problems, device="cpu", trials=1, kinds=("zeros",), progress=False, out=out)
     assert rows[0] == kept
     assert rows[1]["problem"] == problems[1].key and rows[1]["zeros"] == "incorrect"
     assert json.loads(out.read_text().splitlines()[-1]) == rows[1]
+    # Asked for a candidate the kept row lacks, the audit runs that problem again.
+    rows = run_audit(problems[:1], device="cpu", trials=1, kinds=("zeros", "first_input"), progress=False, out=out)
+    assert rows[0]["passed_by"] == [] and rows[0]["first_input"] == "incorrect"
 
 
 ALWAYS_ZERO = '''
