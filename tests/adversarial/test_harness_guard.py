@@ -4,6 +4,8 @@ call, fails the candidate with ``tampering`` and replaces the worker, so the nex
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from kb_gym import EvalConfig, Evaluator, Problem
@@ -231,3 +233,36 @@ def test_a_thread_left_running_fails_the_job_and_does_not_reach_the_next(ev):
     assert r.status == "incorrect" and "tampering" in r.flags and "thread" in r.error, (r.status, r.error)
     honest = ev.evaluate(GELU, HONEST, config=CHECK)
     assert honest.status == "correct" and honest.worker["restarts"] >= 1, (honest.error, honest.worker)
+
+
+CPP_EXTENSION = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+#include <torch/extension.h>
+torch::Tensor gelu(torch::Tensor x) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* xp = xc.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) yp[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * 0.70710678f));
+    return y;
+}
+"""
+ext = load_inline(name="guard_gelu_cpu", cpp_sources=source, functions=["gelu"], verbose=False)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.gelu(x)
+'''
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ninja") is None, reason="needs g++ and ninja")
+def test_building_an_extension_is_not_taken_for_tampering():
+    """load_inline imports setuptools and friends while the candidate loads, after the guard's reference
+    point: none of that may look like a patch (a false positive here would fail every CUDA kernel)."""
+    with Evaluator("cpu", results_path=False, load_timeout=600, timing_max_seconds=2) as ev:
+        r = ev.evaluate(GELU, CPP_EXTENSION)
+    assert r.status == "correct" and r.flags == [] and r.custom_kernel_launches, (r.status, r.flags, r.error)
