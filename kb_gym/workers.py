@@ -66,6 +66,17 @@ class _LogDrain(threading.Thread):
         return data.decode(errors="replace")
 
 
+def _memory_hint(rss_mb: float) -> str:
+    """Why a worker may have vanished without a word: the kernel's out-of-memory killer."""
+    import psutil
+
+    total_mb = psutil.virtual_memory().total / 2**20
+    if rss_mb > 0.7 * total_mb:
+        return (f"; it used up to {rss_mb / 1024:.1f} of the machine's {total_mb / 1024:.1f} GB, so the kernel's "
+                "out-of-memory killer is the likely cause (the problem's tensors do not fit in host memory)")
+    return ""
+
+
 class WorkerHandle:
     """One warm worker process bound to one device.
 
@@ -188,6 +199,7 @@ class WorkerHandle:
         stage = "load"
         stage_started = time.monotonic()
         token = secrets.token_hex(16)
+        peak_rss = 0.0
         try:
             write_message(self.proc.stdin.fileno(), {**job, "token": token})
         except OSError as exc:
@@ -202,7 +214,7 @@ class WorkerHandle:
             except ProtocolError as exc:
                 code = self._exit_code()
                 why = f"the worker process died (exit code {code})" if code is not None else str(exc)
-                return self._fail("crash", f"{why} during the {stage} stage", mark, stage)
+                return self._fail("crash", f"{why} during the {stage} stage{_memory_hint(peak_rss)}", mark, stage)
             if msg is not None and msg.get("token") != token:
                 fail = self._fail("incorrect", "a message without this job's token reached the evaluator: the "
                                                "candidate wrote to the worker's result channel", mark, stage)
@@ -210,6 +222,7 @@ class WorkerHandle:
                 return fail
             if msg is None:
                 rss = self._rss_mb()
+                peak_rss = max(peak_rss, rss)
                 if rss > memory_limit_mb:
                     return self._fail("crash", f"host memory use {rss:.0f} MB exceeded the "
                                                f"{memory_limit_mb:.0f} MB limit during the {stage} stage", mark, stage)

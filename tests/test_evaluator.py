@@ -361,3 +361,13 @@ def test_workers_of_one_device_load_side_by_side_and_take_turns_on_it(relu):
         assert all(w["jobs"] >= 2 for w in ev.worker_stats) and len(ev.worker_stats) == 2
     with pytest.raises(ValueError, match="workers_per_device"):
         Evaluator("cpu", workers_per_device=0)
+
+
+def test_a_worker_that_vanished_near_the_machines_memory_is_reported_as_out_of_memory():
+    import psutil
+
+    from kb_gym.workers import _memory_hint
+
+    total_mb = psutil.virtual_memory().total / 2**20
+    assert "out-of-memory killer" in _memory_hint(0.95 * total_mb)
+    assert _memory_hint(100.0) == ""
