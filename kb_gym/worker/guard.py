@@ -54,15 +54,20 @@ def _namespaces(modules: list[types.ModuleType]) -> list[tuple[str, Any, bool]]:
     return out
 
 
-def _entry(value: Any) -> tuple[int, ...]:
-    if isinstance(value, types.FunctionType):
-        return id(value), id(value.__code__), id(value.__defaults__), id(value.__kwdefaults__)
-    return (id(value),)
-
-
-def _snapshot(namespace: Any, strict: bool) -> dict[str, tuple[int, ...]]:
-    return {key: _entry(value) for key, value in list(namespace.items())
-            if strict or isinstance(value, _CALLABLE_KINDS) or _is_hook_registry(key, value)}
+def _snapshot(items: Iterable[tuple[Any, Any]], strict: bool,
+              code: dict[int, tuple[Any, Any, Any]] | None = None) -> dict[str, tuple[int, ...]]:
+    """The compared entries of a namespace: the id of each value, and of a function's code and defaults
+    (taken from ``code`` when given: those recorded at the reference point)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for key, value in items:
+        if strict or isinstance(value, _CALLABLE_KINDS) or _is_hook_registry(key, value):
+            if isinstance(value, types.FunctionType):
+                parts = code[id(value)] if code is not None else (value.__code__, value.__defaults__,
+                                                                   value.__kwdefaults__)
+                out[key] = (id(value), *map(id, parts))
+            else:
+                out[key] = (id(value),)
+    return out
 
 
 def _is_hook_registry(key: Any, value: Any) -> bool:
@@ -97,8 +102,8 @@ class HarnessGuard:
 
     def __init__(self) -> None:
         self._spaces: list[tuple[str, Any, bool]] = []
-        self._base: list[dict[str, tuple[int, ...]]] = []
-        self._registries: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._registry_keys: list[tuple[int, str]] = []  # (namespace index, name) of torch's global hook dicts
+        self._registries: list[tuple[int, ...]] = []
         self._state: tuple[Any, ...] = ()
         self._quick: tuple[Any, ...] = ()
         self._functions: list[types.FunctionType] = []
@@ -119,12 +124,14 @@ class HarnessGuard:
         self._tensor_prints = _tensor_prints(self._tensors)
         self._threads = set(threading.enumerate())
         self._spaces = _namespaces([*_watched_modules(), *extra_modules])
-        self._base = [_snapshot(ns, strict) for _, ns, strict in self._spaces]
-        self._registries = {(i, key): _registry_entry(value) for i, (_, ns, _) in enumerate(self._spaces)
-                            for key, value in list(ns.items()) if _is_hook_registry(key, value)}
+        self._registry_keys = [(i, key) for i, (_, ns, _) in enumerate(self._spaces)
+                               for key in [k for k in ns if isinstance(k, str) and k.startswith("_global_")]
+                               if _is_hook_registry(key, ns.get(key))]
+        self._registries = self._registry_state()
         self._state = _interpreter_state()
         self._functions = [v for _, ns, _ in self._spaces for v in list(ns.values())
                            if isinstance(v, types.FunctionType)]
+        # The detailed comparison is built from these objects only when the quick one differs.
         self._kept = [self._objects()]
         self._quick = self._quick_state()
 
@@ -137,11 +144,14 @@ class HarnessGuard:
         self._tensors, self._tensor_prints = [], []
 
     def _objects(self) -> tuple[Any, ...]:
+        keys = tuple(tuple(ns) for _, ns, _ in self._spaces)
         values = tuple(tuple(ns.values()) for _, ns, _ in self._spaces)
-        hooks = tuple(tuple(v.values()) for _, ns, _ in self._spaces for k, v in list(ns.items())
-                      if _is_hook_registry(k, v))
-        functions = tuple((f.__code__, f.__defaults__, f.__kwdefaults__) for f in self._functions)
-        return values, hooks, functions
+        hooks = tuple(tuple(self._spaces[i][1].get(key, {}).values()) for i, key in self._registry_keys)
+        functions = tuple(tuple(map(get, self._functions)) for get in (_CODE, _DEFAULTS, _KWDEFAULTS))
+        return keys, values, hooks, functions
+
+    def _registry_state(self) -> list[tuple[int, ...]]:
+        return [_registry_entry(self._spaces[i][1].get(key, {})) for i, key in self._registry_keys]
 
     def _quick_state(self) -> tuple[Any, ...]:
         # Every value's identity and every watched function's code: one C-speed pass (~2 ms). When it
@@ -159,7 +169,7 @@ class HarnessGuard:
         if edited:
             return [f"the reference's parameter {i} (edited in place)" for i in edited[:limit]]
         quick = self._quick_state()
-        if quick == self._quick and not self._registries_changed():
+        if quick == self._quick and self._registry_state() == self._registries:
             return []
         found = self._compare(limit)
         if not found:  # only harmless changes (caches, lazy imports): not worth a full pass again
@@ -167,14 +177,15 @@ class HarnessGuard:
             self._quick = quick
         return found
 
-    def _registries_changed(self) -> bool:
-        return any(_registry_entry(self._spaces[i][1].get(key, {})) != entry
-                   for (i, key), entry in self._registries.items())
-
     def _compare(self, limit: int) -> list[str]:
         found: list[str] = []
-        for i, ((label, ns, strict), base) in enumerate(zip(self._spaces, self._base, strict=True)):
-            now = _snapshot(ns, strict)
+        base_keys, base_values, _, base_code = self._kept[0]
+        code = {id(f): parts for f, parts in zip(self._functions, zip(*base_code, strict=True), strict=True)}
+        hooks_now = dict(zip(self._registry_keys, self._registry_state(), strict=True))
+        hooks_base = dict(zip(self._registry_keys, self._registries, strict=True))
+        for i, (label, ns, strict) in enumerate(self._spaces):
+            base = _snapshot(zip(base_keys[i], base_values[i], strict=True), strict, code)
+            now = _snapshot(list(ns.items()), strict)
             if now != base:
                 for key in sorted(set(base) | set(now), key=str):
                     before, after = base.get(key), now.get(key)
@@ -184,10 +195,8 @@ class HarnessGuard:
                     if added and not strict and isinstance(ns.get(key), types.ModuleType):
                         continue  # a submodule imported for the first time (torch binds lazily)
                     found.append(f"{label}.{key} ({'added' if added else 'removed' if after is None else 'replaced'})")
-            for key, value in list(ns.items()):
-                registry = self._registries.get((i, key))
-                if registry is not None and isinstance(value, dict) and _registry_entry(value) != registry:
-                    found.append(f"{label}.{key} (hooks registered)")
+            found += [f"{label}.{key} (hooks registered)" for (j, key), entry in hooks_now.items()
+                      if j == i and entry != hooks_base[(j, key)]]
             if len(found) >= limit:
                 return found[:limit]
         state = _interpreter_state()
