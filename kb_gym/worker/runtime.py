@@ -428,6 +428,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                 state["floor_ms"] = ctx.speed_of_light_ms(inputs, ref_out, ref_model, flops)
             else:
                 ref_out = ref_model(*_clone_inputs(inputs))
+        refs = flatten_outputs(ref_out)
+        answers = [r for r in refs if r.is_floating_point()]
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, _trivial_outputs(ref_out, inputs), previous)
         coincide = cmp.answers_coincide
         degenerate |= cmp.degenerate
@@ -441,8 +443,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             # The same test backwards: the earlier trial's answer held against this trial's. An output
             # that ignores its inputs cannot sit within 0.3x the distance between two answers of both
             # (the triangle inequality), so it fails here even when it landed close to this answer.
-            cmp = compare_outputs(earlier[0], earlier[1], atol, rtol,
-                                  other_answers=[r for r in flatten_outputs(ref_out) if r.is_floating_point()])
+            cmp = compare_outputs(earlier[0], earlier[1], atol, rtol, other_answers=answers)
             degenerate |= cmp.degenerate
             coincide |= cmp.answers_coincide
             failed_trial = None if cmp.ok else trial
@@ -461,9 +462,8 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         # The last trial's answer, as a shortcut that ignores its inputs would return it: where it
         # passes, the output barely depends on the inputs (a mean over 1e8 values) and is held to
         # a relative error well below how far it moves between inputs. Kept only when small.
-        refs = flatten_outputs(ref_out)
         small = sum(r.numel() for r in refs) <= 1 << 24
-        previous = [r for r in refs if r.is_floating_point()] if small else []
+        previous = answers if small else []
         # A copy: a kernel may hand back a buffer it reuses on the next call.
         earlier = ([t.detach().clone() for t in flatten_outputs(cand_out)], refs) if small else None
         del cand_out, ref_out
@@ -607,7 +607,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         return call
 
     # Before timed calls, outside the timed region: a patch the candidate's call made (one that slows
-    # the baseline down, then restores itself) is caught before the baseline runs. A check costs ~3 ms,
+    # the baseline down, then restores itself) is caught before the baseline runs. A check costs ~2 ms,
     # so after the first few calls a random quarter are checked: a patch that changes the timing has
     # to be there on most calls, and is then found within a few.
     draw = random.SystemRandom()
