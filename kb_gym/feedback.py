@@ -21,6 +21,9 @@ FLAG_NOTES = {
     "unverifiable_output": "on this problem zeros, the input or a fixed answer already match the reference to "
                            "within rounding, so no speed credit can be given",
     "excessive_speedup": "the speedup is beyond what the hardware allows for this problem",
+    "ill_conditioned": "this problem's fp32 reference is itself off from the exact (float64) answer beyond the "
+                       "tolerance, so your output was compared with float64 and allowed a few times the "
+                       "reference's own error",
 }
 
 

@@ -93,7 +93,7 @@ STATIC_FLAGS = frozenset({
 })
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
-    "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic",
+    "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic", "ill_conditioned",
 })
 ALWAYS_FAIL = frozenset({"tampering", "timing_mismatch"})
 
@@ -123,6 +123,8 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "unverifiable_output": "a trivial output equals the answer to within rounding: no check can tell a "
                            "kernel from a shortcut on this problem",
     "excessive_speedup": "the speedup is beyond what the hardware allows",
+    "ill_conditioned": "the fp32 reference itself is off from a float64 computation beyond the tolerance; "
+                       "the candidate was held to the reference's own accuracy against float64",
     "nondeterministic": "repeated runs on the same inputs gave different outputs",
 }
 

@@ -5,7 +5,8 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS, PYTEST_ARGS;
+#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
+#   AUDIT_RETRY_SECONDS, PYTEST_ARGS;
 #   KB_GYM_LANDLOCK=try confines GPU workers with Landlock when CUDA runs under their ruleset.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
@@ -38,9 +39,10 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
     audit) [ -f .device/audit.jsonl ] && cp .device/audit.jsonl "$OUT/audit.jsonl"
-           timeout "${AUDIT_SECONDS:-540}" python3 -P -m kb_gym.cli audit --dataset "${AUDIT_DATASET:-official}" \
-             ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "${AUDIT_DEVICE:-auto}" \
-             --out "$OUT/audit.jsonl" ;;
+           audit() { timeout "$1" python3 -P -m kb_gym.cli audit --dataset "${AUDIT_DATASET:-official}" \
+             ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "$2" --out "$OUT/audit.jsonl"; }
+           # Then the problems that ran out of memory beside another worker, again with one worker.
+           audit "${AUDIT_SECONDS:-540}" "${AUDIT_DEVICE:-auto}"; audit "${AUDIT_RETRY_SECONDS:-120}" cuda:0 ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
@@ -70,6 +72,6 @@ grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
 cat "$OUT/probe.log" 2>/dev/null
 tail -n 12 "$OUT/bench.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
-[ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by" \
-  "$OUT/audit.log" | tail -40
+[ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \
+  "$OUT/audit.log" | tail -45
 exit $rc

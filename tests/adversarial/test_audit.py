@@ -58,6 +58,11 @@ def test_audit_resumes_from_its_jsonl_and_reruns_a_cut_line(tmp_path):
     # Asked for a candidate the kept row lacks, the audit runs that problem again.
     rows = run_audit(problems[:1], device="cpu", trials=1, kinds=("zeros", "first_input"), progress=False, out=out)
     assert rows[0]["passed_by"] == [] and rows[0]["first_input"] == "incorrect"
+    # A row where a candidate ran out of device memory (beside another worker) has no verdict: it runs again.
+    short = {**rows[0], "passed_by": ["sentinel"], "out_of_memory": ["fp64_reference"]}
+    out.write_text(json.dumps(short) + "\n")
+    rows = run_audit(problems[:1], device="cpu", trials=1, kinds=("zeros",), progress=False, out=out)
+    assert rows[0]["passed_by"] == [] and rows[0]["out_of_memory"] == []
 
 
 ALWAYS_ZERO = '''
@@ -90,3 +95,29 @@ def test_no_trivial_candidate_passes_a_built_in_problem_and_every_reference_does
     assert len(rows) == len(load_problems("builtin"))
     assert [r["problem"] for r in rows if r["passed_by"] or r["degenerate"] or r["unverifiable"]] == []
     assert [r["problem"] for r in rows if r["reference"] != "correct"] == []
+
+
+CANCELLING_SUM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x.sum(dim=1)
+
+def get_inputs():
+    return [torch.randn(8192, 2048) + (b := torch.randn(2048) * 20) - b.mean()]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_audit_passes_the_float64_control_where_the_reference_itself_is_inexact():
+    """The fp32 sum of cancelling terms is off from float64 on ~0.2% of rows (L2/14 of the official set): the
+    float64 control is more exact than the reference and must still pass; the row says the reference is inexact."""
+    problem = Problem(id=97, name="97_CancellingSum", level=1, code=CANCELLING_SUM)
+    (row,) = run_audit([problem], device="cpu", trials=2, kinds=("zeros",), progress=False)
+    assert row["reference"] == "correct" and row["fp64_reference"] == "correct", row
+    assert row["ill_conditioned"] and row["passed_by"] == [] and not row["unverifiable"]
+    assert "reference inexact (judged against float64): 1" in format_audit([row], ("zeros",))

@@ -260,3 +260,41 @@ def test_a_tensor_subclass_built_by_computed_names_cannot_answer(ev, relu):
     assert r.status == "incorrect" and "subclass" in r.error, (r.status, r.error)
     parameter = ev.evaluate(relu, _candidate("torch.nn.Parameter(torch.relu(x), requires_grad=False)"), config=CHECK)
     assert parameter.status == "correct", parameter.error
+
+
+CANCELLING_SUM = _problem("97_CancellingSum", "x.sum(dim=1)",
+                          "torch.randn(8192, 2048) + (b := torch.randn(2048) * 20) - b.mean()")
+
+
+def test_an_exact_answer_passes_where_the_fp32_reference_itself_is_off(ev):
+    """Rows of large terms that cancel leave the fp32 sum off from float64 beyond 1e-4 on ~0.2% of rows (like
+    L2/14 and L2/18 of the official set): a kernel that sums exactly, or in another order, is as right as the
+    reference and must pass; one wrong on more rows than the reference, or in half precision, must not."""
+    exact = ev.evaluate(CANCELLING_SUM, _candidate("x.double().sum(1).float()"), config=TIMED)
+    assert exact.status == "correct", exact.error
+    assert "ill_conditioned" in exact.flags and exact.correctness["judged_against_float64"] >= 1
+    assert set(exact.flags) == {"ill_conditioned", "no_custom_kernel"}, exact.flags  # a note: speed still counts
+    assert exact.speedup is not None
+    reordered = ev.evaluate(CANCELLING_SUM, _candidate("x.view(x.shape[0], -1, 128).sum(2).sum(1)"), config=CHECK)
+    assert reordered.status == "correct", reordered.error
+    off_rows = ev.evaluate(CANCELLING_SUM, _candidate("x.double().sum(1).float() + "
+                                                      "(torch.arange(x.shape[0]) % 50 == 0).float()"), config=CHECK)
+    assert off_rows.status == "incorrect" and "float64" in off_rows.error, off_rows.error
+    assert "ill_conditioned" in off_rows.flags
+    half = ev.evaluate(CANCELLING_SUM, _candidate("x.half().sum(1).float()"), config=CHECK)
+    assert half.status == "incorrect" and "ill_conditioned" not in half.flags, half.error
+
+
+def test_an_accurate_reference_gets_no_second_opinion(ev, relu):
+    near = ev.evaluate(relu, _candidate("torch.relu(x) + (torch.rand_like(x) < 0.01).float()"), config=CHECK)
+    assert near.status == "incorrect" and "ill_conditioned" not in near.flags
+    assert "judged_against_float64" not in near.correctness
+
+
+def test_an_output_of_rounding_noise_is_unverifiable(ev):
+    """Two orders of one sum differ only by rounding (L2/23_Conv3d_GroupNorm_Mean of the official set is the mean of
+    a normalised tensor): the exact answer is zero, the reference is noise, and zeros are as right as any kernel."""
+    problem = _problem("98_RoundingNoise", "x.sum(1) - x.flip(1).sum(1)", "torch.randn(64, 4096)")
+    zeros = ev.evaluate(problem, _candidate("torch.zeros(x.shape[0])"), config=CHECK)
+    assert zeros.status == "correct", zeros.error
+    assert {"ill_conditioned", "unverifiable_output"} <= set(zeros.flags)

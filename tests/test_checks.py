@@ -1,0 +1,58 @@
+"""The float64 second opinion of the output comparison (kb_gym.worker.checks), on synthetic tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from kb_gym.worker.checks import compare_outputs, judge_against_float64, near_miss, reference_is_inexact
+
+TOL = (1e-4, 1e-4)
+
+
+def _answers(n: int = 100_000, off: float = 0.002) -> tuple[torch.Tensor, torch.Tensor]:
+    """An exact answer and an fp32 "reference" that is off beyond the tolerance on a fraction ``off`` of it."""
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(n, generator=g) * 10
+    reference = exact.clone()
+    reference[torch.randperm(n, generator=g)[: int(n * off)]] += 0.05
+    return exact, reference
+
+
+def test_a_candidate_as_far_from_float64_as_the_reference_passes_and_one_further_fails():
+    exact, reference = _answers()
+    assert reference_is_inexact(reference, [exact], *TOL)
+    assert judge_against_float64(exact.clone(), reference, [exact], *TOL).ok
+    g = torch.Generator().manual_seed(1)
+    like_reference = exact.clone()
+    like_reference[torch.randperm(exact.numel(), generator=g)[:400]] -= 0.05  # 0.4%: within 3x the reference's 0.2%
+    assert judge_against_float64(like_reference, reference, [exact], *TOL).ok
+    further = exact.clone()
+    further[:1000] += 0.05  # 1%: beyond 3x
+    verdict = judge_against_float64(further, reference, [exact], *TOL)
+    assert not verdict.ok and "float64" in verdict.reason and verdict.mismatch_fraction == 0.01
+    nan = exact.clone()
+    nan[0] = float("nan")
+    assert not judge_against_float64(nan, exact + 1e-3, [exact], *TOL).ok
+
+
+def test_a_reference_off_everywhere_or_not_at_all_gets_no_second_opinion():
+    exact, _ = _answers()
+    assert not reference_is_inexact(exact.clone(), [exact], *TOL)
+    assert not reference_is_inexact(exact + 1.0, [exact], *TOL)  # differently defined, not inexact
+    _, reference = _answers(off=0.02)
+    assert not reference_is_inexact(reference, [exact], *TOL)
+
+
+def test_rounding_noise_around_an_exact_zero_makes_trivial_outputs_unverifiable():
+    exact = torch.zeros(1000)
+    noise = torch.randn(1000, generator=torch.Generator().manual_seed(2)) * 1e-6
+    assert reference_is_inexact(noise, [exact], *TOL)
+    zeros = judge_against_float64(torch.zeros(1000), noise, [exact], *TOL, trivial=[torch.zeros(1000)])
+    assert zeros.ok and zeros.unverifiable
+
+
+def test_only_value_failures_are_near_misses():
+    exact, reference = _answers()
+    assert near_miss(compare_outputs(exact, reference, *TOL))
+    assert not near_miss(compare_outputs(exact[:10], reference, *TOL))  # a shape error
+    assert not near_miss(compare_outputs(exact + 1.0, reference, *TOL))  # most values wrong
