@@ -6,7 +6,6 @@ on (comparison, clocks, synchronisation) is bound at import time, before the fir
 
 from __future__ import annotations
 
-import copy
 import gc
 import hashlib
 import importlib.util
@@ -40,7 +39,6 @@ from kb_gym.worker.timing import Timer
 _DTYPES = MappingProxyType({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16})
 _clone = torch.Tensor.clone
 _isfinite = torch.isfinite  # bound before any candidate is imported, like checks.py's functions
-_deepcopy = copy.deepcopy
 GUARD_SHARE = 0.1  # of the timing loop's time, spent on harness checks between timed calls
 
 
@@ -532,28 +530,40 @@ def _judge(ctx: WorkerContext, ref_model: Any, inputs: list[Any], cand_out: Any,
 def _float64_answer(ctx: WorkerContext, ref_model: Any, inputs: list[Any], ref_out: Any, result: dict[str, Any],
                     state: dict[str, Any]) -> list[torch.Tensor] | None:
     """The reference's answer on ``inputs`` computed in float64 and cast to the reference's dtypes, or None
-    where the reference does not run in float64 (a kernel or buffer of its own fixed to fp32)."""
-    model64 = state.get("ref_model_float64")
-    if model64 is None:
-        try:
-            model64 = _deepcopy(ref_model).to(torch.float64) if isinstance(ref_model, torch.nn.Module) else False
-        except Exception:  # noqa: BLE001 - a model that cannot be copied gets no second opinion
-            model64 = False
-        state["ref_model_float64"] = model64
-    if model64 is False:
+    where the reference does not run in float64 (a kernel of its own, say).
+
+    The model is cast in place, not copied: a copy would leave submodules that a closure holds (minGPT's
+    ``mlpf`` lambda) in fp32. Afterwards every parameter and buffer gets its own fp32 tensor back, the very
+    storage the guard has on record. Tensors the forward makes itself (an LSTM's random initial state) follow
+    the default dtype, float64 here."""
+    if not isinstance(ref_model, torch.nn.Module) or state.get("float64_failed"):
         return None
     _verify_harness(ctx, result, "before the float64 reference")
     args = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
             for x in _clone_inputs(inputs)]
+    default = torch.get_default_dtype()
+    held = [(table, key, t) for m in ref_model.modules() for table in (m._parameters, m._buffers)
+            for key, t in table.items() if t is not None]
+    kept = [t.data if isinstance(t, torch.nn.Parameter) else t for *_, t in held]
     try:
+        ref_model.to(torch.float64)
+        torch.set_default_dtype(torch.float64)
         with torch.no_grad():
-            out = flatten_outputs(model64(*args))
+            out = flatten_outputs(ref_model(*args))
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
     except Exception as exc:  # noqa: BLE001
         result.setdefault("correctness", {})["float64_error"] = _trim_traceback(exc, "")[-300:]
-        state["ref_model_float64"] = False
+        state["float64_failed"] = True
         return None
+    finally:
+        torch.set_default_dtype(default)
+        for (table, key, t), data in zip(held, kept, strict=True):
+            if isinstance(t, torch.nn.Parameter):
+                t.data = data  # .to() swapped the Parameter's data: the same Parameter gets its old tensor
+                table[key] = t
+            else:
+                table[key] = data
     refs = flatten_outputs(ref_out)
     if len(out) != len(refs) or any(o.shape != r.shape for o, r in zip(out, refs, strict=True)):
         return None

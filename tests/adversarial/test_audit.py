@@ -102,8 +102,18 @@ import torch
 import torch.nn as nn
 
 class Model(nn.Module):
+    """Like minGPT and the LSTM of level 3: a submodule reached through a closure, a tensor made in forward."""
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.scale.weight.fill_(1.0)
+        scale = self.scale
+        self.apply_scale = lambda t: scale(t.unsqueeze(-1)).squeeze(-1)
+
     def forward(self, x):
-        return x.sum(dim=1)
+        offset = torch.zeros(x.shape[0], device=x.device)
+        return self.apply_scale(x.sum(dim=1)) + offset
 
 def get_inputs():
     return [torch.randn(8192, 2048) + (b := torch.randn(2048) * 20) - b.mean()]
@@ -115,7 +125,8 @@ def get_init_inputs():
 
 def test_audit_passes_the_float64_control_where_the_reference_itself_is_inexact():
     """The fp32 sum of cancelling terms is off from float64 on ~0.2% of rows (L2/14 of the official set): the
-    float64 control is more exact than the reference and must still pass; the row says the reference is inexact."""
+    float64 control is more exact than the reference and must still pass; the row says the reference is inexact.
+    Both the control and the runtime's second opinion run this model in float64 through its closure."""
     problem = Problem(id=97, name="97_CancellingSum", level=1, code=CANCELLING_SUM)
     (row,) = run_audit([problem], device="cpu", trials=2, kinds=("zeros",), progress=False)
     assert row["reference"] == "correct" and row["fp64_reference"] == "correct", row

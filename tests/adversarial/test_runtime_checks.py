@@ -298,3 +298,17 @@ def test_an_output_of_rounding_noise_is_unverifiable(ev):
     zeros = ev.evaluate(problem, _candidate("torch.zeros(x.shape[0])"), config=CHECK)
     assert zeros.status == "correct", zeros.error
     assert {"ill_conditioned", "unverifiable_output"} <= set(zeros.flags)
+
+
+def test_a_typical_answer_fails_where_answers_move_by_about_the_tolerance(ev):
+    """Here answers move ~1.5x the tolerance between inputs (L2/65_Conv2d_AvgPool_Sigmoid_Sum of the official set):
+    two trials' answers fail against each other, yet another input's answer can land within the tolerance of both
+    (seed 35; with only answers within 1x counted as near, it passed). Answers within 3x count as near, so the
+    relative-error test holds it to a fraction of their distance."""
+    problem = _problem("99_NearTypical", "x.mean(dim=1) * 0.015 + 1.0", "torch.rand(128, 8192)")
+    typical = _candidate("torch.rand(x.shape, generator=torch.Generator().manual_seed(1234)).mean(dim=1) * 0.015 + 1.0")
+    for seed in (*range(8), 35):
+        r = ev.evaluate(problem, typical, seed=seed, config=CHECK)
+        assert r.status == "incorrect" or "unverifiable_output" in r.flags, (seed, r.status, r.flags)
+    honest = ev.evaluate(problem, _candidate("x.sum(dim=1) / x.shape[1] * 0.015 + 1.0"), seed=35, config=CHECK)
+    assert honest.status == "correct" and "unverifiable_output" not in honest.flags, (honest.error, honest.flags)
