@@ -15,7 +15,7 @@ from typing import Any
 
 from kb_gym import sandbox
 from kb_gym.store import cache_dir
-from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
+from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
 LOG_TAIL_BYTES = 16 * 1024
 STARTUP_TIMEOUT = 300.0
@@ -24,6 +24,14 @@ POLL_SECONDS = 0.25
 
 class WorkerDied(RuntimeError):
     pass
+
+
+class _LandlockBreaksCuda(WorkerDied):
+    """The GPU worker's CUDA did not start under Landlock (KB_GYM_LANDLOCK=auto): start it unconfined."""
+
+
+# device -> CUDA's error under Landlock, for devices whose workers run unconfined in this process
+_LANDLOCK_BREAKS_CUDA: dict[str, str] = {}
 
 
 class _LogDrain(threading.Thread):
@@ -101,7 +109,22 @@ class WorkerHandle:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        try:
+            self._start(unconfined=self.device in _LANDLOCK_BREAKS_CUDA)
+        except _LandlockBreaksCuda as exc:
+            # Remembered per device for this process: later restarts go straight to an unconfined worker.
+            _LANDLOCK_BREAKS_CUDA[self.device] = str(exc)
+            self._start(unconfined=True)
+        if self.device in _LANDLOCK_BREAKS_CUDA:
+            self.info["landlock_unusable"] = _LANDLOCK_BREAKS_CUDA[self.device]
+
+    def _command(self) -> list[str]:
+        return [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker", "--device", self.device]
+
+    def _start(self, unconfined: bool) -> None:
         env = dict(os.environ)
+        if unconfined:
+            env["KB_GYM_LANDLOCK"] = "0"
         env.update(PYTHONUNBUFFERED="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                    PYTHONDONTWRITEBYTECODE="1")
         if self.device == "cpu":
@@ -111,8 +134,7 @@ class WorkerHandle:
         env.setdefault("KB_GYM_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
         # -P and a neutral working directory: whatever folder the caller runs in (a clone's root
         # holds a kb_gym/ source folder) must not shadow the installed package in the worker.
-        cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker", "--device", self.device]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True,
                                      close_fds=True, cwd=tempfile.gettempdir())
         self.reader = MessageReader(self.proc.stdout.fileno())
@@ -129,6 +151,8 @@ class WorkerHandle:
                 break
             log = self.drain.text_since(mark)
             self.kill()
+            if msg is not None and msg.get("type") == LANDLOCK_BREAKS_CUDA:
+                raise _LandlockBreaksCuda(msg.get("error", ""))
             raise WorkerDied(f"worker for {self.device} failed to start: {log[-2000:]}")
         self.info = {**msg, **sandbox.describe()}
 

@@ -7,7 +7,8 @@
 #   another.
 #   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
 #   AUDIT_RETRY_SECONDS, PYTEST_ARGS;
-#   KB_GYM_LANDLOCK=try confines GPU workers with Landlock when CUDA runs under their ruleset.
+#   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
+#   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
 # resumes from .device/audit.jsonl when one was carried (a copy of an earlier run's $OUT/audit.jsonl).

@@ -41,12 +41,13 @@ def _confine_writes(scratch: Path, cpu: bool) -> dict:
     """Landlock the worker to writing in its scratch folder, the extension build cache, /dev and its own
     /proc entry.
 
-    KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on for CPU workers only: on the H200 image
-    (driver 580, Landlock ABI 7) CUDA initialisation under the full ruleset fails with error 304;
-    scripts/gpu_landlock_probe.py narrows down which rule the driver trips over.
+    KB_GYM_LANDLOCK: "1" on, "0" off, "auto" (default) on, and for a GPU worker whose CUDA does not
+    start under the ruleset, the worker says so and the evaluator starts it again unconfined (main()).
+    On the H200 image (driver 580, Landlock ABI 7) CUDA starts under it once /proc/<pid> is writable;
+    scripts/gpu_landlock_probe.py shows which rule a driver trips over.
     """
     mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
-    if mode in ("0", "off") or (mode == "auto" and not cpu):
+    if mode in ("0", "off"):
         return {"landlock": 0}
     from kb_gym.worker.landlock import restrict_writes
 
@@ -73,7 +74,7 @@ def main() -> None:
     proto_in, proto_out = _take_protocol_fds()
     _limits()
 
-    from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
+    from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
     # Every message of a job carries the job's secret token: a line the candidate writes to the
     # channel itself has none, and the evaluator rejects it instead of taking it for the verdict.
@@ -96,7 +97,14 @@ def main() -> None:
     from kb_gym.worker.runtime import WorkerContext, run_job, warm_up
 
     if args.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(args.device))
+        try:
+            torch.cuda.set_device(torch.device(args.device))
+        except RuntimeError as exc:
+            if not sandbox.get("landlock") or os.environ.get("KB_GYM_LANDLOCK", "auto").lower() != "auto":
+                raise
+            # Landlock cannot be lifted in this process: the evaluator starts an unconfined one instead.
+            send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
+            os._exit(3)
     reader = MessageReader(proto_in)
     ctx = WorkerContext(args.device, scratch, send, receive=lambda: reader.read(None))
     warm_up(ctx, EvalConfig().to_dict())

@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The start-up message of a GPU worker whose CUDA fails under the Landlock ruleset (KB_GYM_LANDLOCK=auto).
+LANDLOCK_BREAKS_CUDA = "landlock_breaks_cuda"
 
 
 class ProtocolError(RuntimeError):

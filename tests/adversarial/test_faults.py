@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -219,3 +220,37 @@ def test_without_namespaces_landlock_still_guards_signals_and_network(relu, monk
     server.close()
     assert killer.status == "compile_error" and "Permission" in killer.error  # and we are still here
     assert dialer.status == "compile_error" and "Permission" in dialer.error
+
+
+FAKE_GPU_WORKER = '''
+import json, os, sys
+if os.environ.get("KB_GYM_LANDLOCK") == "0":
+    print(json.dumps({"type": "ready", "pid": os.getpid(), "sandbox": {"landlock": 0}}), flush=True)
+    sys.stdin.read()
+else:
+    with open(sys.argv[1], "a") as fh:
+        fh.write("confined start\\n")
+    print(json.dumps({"type": "landlock_breaks_cuda", "error": "cudaGetDeviceCount(): Error 304"}), flush=True)
+'''
+
+
+def test_a_gpu_worker_whose_cuda_fails_under_landlock_starts_again_unconfined(monkeypatch, tmp_path):
+    """KB_GYM_LANDLOCK=auto confines GPU workers too; where a driver's CUDA does not start under the ruleset, the
+    worker says so and the evaluator starts it unconfined, says why in the worker info, and remembers it."""
+    from kb_gym import workers
+
+    script, starts = tmp_path / "fake_worker.py", tmp_path / "starts.txt"
+    script.write_text(FAKE_GPU_WORKER)
+    monkeypatch.setattr(workers.WorkerHandle, "_command", lambda self: [sys.executable, str(script), str(starts)])
+    monkeypatch.setattr(workers, "_LANDLOCK_BREAKS_CUDA", {})
+    monkeypatch.setenv("KB_GYM_LANDLOCK", "auto")
+    handles = [workers.WorkerHandle("cuda:7"), workers.WorkerHandle("cuda:7")]
+    try:
+        for handle in handles:
+            handle.start()
+            assert handle.alive and handle.info["sandbox"]["landlock"] == 0
+            assert "Error 304" in handle.info["landlock_unusable"]
+        assert starts.read_text().count("confined start") == 1  # the second worker went straight to unconfined
+    finally:
+        for handle in handles:
+            handle.kill()
