@@ -28,7 +28,7 @@ _WATCHED_PREFIXES = (
     "kb_gym", "torch.nn", "torch.functional", "torch._tensor", "torch.linalg", "torch.special", "torch.fft",
     "torch.cuda", "torch.autograd", "torch.backends", "torch.testing", "torch.utils.cpp_extension",
 )
-_WATCHED_EXACT = ("torch", "builtins", "math", "time", "json", "os", "select", "operator", "functools")
+_WATCHED_EXACT = ("torch", "builtins", "math", "time", "json", "os", "select", "operator", "functools", "random")
 _CODE, _DEFAULTS, _KWDEFAULTS = (attrgetter(a) for a in ("__code__", "__defaults__", "__kwdefaults__"))
 _CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, property, staticmethod,
                    classmethod, types.MethodDescriptorType, types.WrapperDescriptorType, types.ModuleType)

@@ -40,6 +40,15 @@ _DTYPES = MappingProxyType({"fp32": torch.float32, "fp16": torch.float16, "bf16"
 _clone = torch.Tensor.clone
 _isfinite = torch.isfinite  # bound before any candidate is imported, like checks.py's functions
 GUARD_SHARE = 0.1  # of the timing loop's time, spent on harness checks between timed calls
+# Which timed calls the guard checks is drawn through functions bound here, before any candidate runs:
+# a candidate that patches random or time.perf_counter cannot steer the draw away from its own calls.
+_urandom = os.urandom
+_perf_counter = time.perf_counter
+
+
+def _chance() -> float:
+    """A uniform draw in [0, 1) from the operating system."""
+    return int.from_bytes(_urandom(4), "little") / 4294967296.0
 
 
 class StageError(Exception):
@@ -695,22 +704,24 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
 
     # Before timed calls, outside the timed region: a patch the candidate's call made (one that slows
     # the baseline down, then restores itself) is caught before the baseline runs. A check costs 2-5 ms,
-    # more than a tiny problem's call, so after the first four calls a random share is checked: a quarter,
-    # fewer where calls are short, so that checks add about GUARD_SHARE to the loop. A patch that changes
-    # the timing has to be there on most calls, and 200 pairs of 1.5 ms calls still check about 20 of them.
-    # The call time is a running average over both sides: a patch that slows the baseline raises it at once.
-    draw = random.SystemRandom()
+    # more than a tiny problem's call. The speedup is a median over pairs, so moving it takes a patch on
+    # about half of them: the first 32 calls are checked at a quarter (a short loop has few pairs), later
+    # ones at a share that keeps checks near GUARD_SHARE of the loop, never below 1 in 20. Over 200
+    # pairs a patch on half of them then goes unseen with probability 0.95^100 < 1%; a tiny problem's
+    # loop checks ~30 of its 400 calls instead of ~100. The call time is a running average of both sides.
     calls = iter(range(1 << 30))
-    clock = {"last": time.perf_counter(), "cost": 2e-3, "call": 0.0}
+    clock = {"last": _perf_counter(), "cost": 2e-3, "call": 0.0}
 
     def before_call() -> None:
-        now = time.perf_counter()
+        now = _perf_counter()
         # The previous call, with its flush and synchronise, into the running average.
         clock["call"] = 0.5 * clock["call"] + 0.5 * (now - clock["last"])
         clock["last"] = now
-        if next(calls) < 4 or draw.random() < min(0.25, GUARD_SHARE * clock["call"] / clock["cost"]):
+        n = next(calls)
+        share = 0.25 if n < 32 else max(0.05, min(0.25, GUARD_SHARE * clock["call"] / clock["cost"]))
+        if n < 4 or _chance() < share:
             _verify_harness(ctx, result, "while timing")
-            clock["last"] = time.perf_counter()
+            clock["last"] = _perf_counter()
             clock["cost"] = max(clock["last"] - now, 1e-4)
 
     ctx.timer.before_call = before_call

@@ -127,6 +127,32 @@ def test_a_patch_reached_by_computed_names_is_tampering_and_the_next_evaluation_
     assert honest.status == "correct" and "tampering" not in honest.flags, honest.error
 
 
+RANDOM_STEERED_THEN_BASELINE_SLOWED = BASELINE_SLOWED_WHILE_TIMING.replace("_calls = [0]\n", '''_calls = [0]
+_random = __import__("ran" + "dom")
+setattr(_random.SystemRandom, "ran" + "dom", lambda self: 0.9999)  # no random check should ever come up
+setattr(_random, "ran" + "dom", lambda: 0.9999)
+''')
+
+
+def test_steering_the_random_choice_of_checked_calls_does_not_hide_a_patch(ev):
+    r = ev.evaluate(GELU, RANDOM_STEERED_THEN_BASELINE_SLOWED, config=TIMED)
+    assert r.status == "incorrect" and "tampering" in r.flags, (r.status, r.error)
+
+
+LATE_SLOWDOWN = BASELINE_SLOWED_WHILE_TIMING.replace("if _calls[0] > 4:", "if _calls[0] > 40:").replace(
+    "(0.05)", "(0.005)")
+
+
+def test_a_patch_that_starts_late_in_a_long_timing_loop_is_still_found(ev):
+    """Past the first 32 timed calls the guard checks fewer of them on tiny problems (never below 1 in 20):
+    a baseline slowed by 5 ms on every pair from the 40th candidate call on is still found while timing."""
+    assert LATE_SLOWDOWN != BASELINE_SLOWED_WHILE_TIMING
+    long_loop = TIMED.replace(timing_min_reps=200, timing_max_reps=200, timing_target_rel_ci=0.0,
+                              timing_max_seconds=60)
+    r = ev.evaluate(GELU, LATE_SLOWDOWN, config=long_loop)
+    assert r.status == "incorrect" and "tampering" in r.flags and "while timing" in r.error, (r.status, r.error)
+
+
 def test_slowing_the_baseline_only_while_timing_is_tampering(ev):
     r = ev.evaluate(GELU, BASELINE_SLOWED_WHILE_TIMING, config=TIMED)
     assert r.status == "incorrect" and "tampering" in r.flags and "while timing" in r.error, (r.status, r.error)
