@@ -48,6 +48,7 @@ class Comparison:
     # Unverifiable only if every pair is so (the runtime decides); one close draw is chance.
     answers_coincide: bool = False
     rel_l2: float = 0.0  # ||candidate - reference|| / ||reference||, where every element passed
+    by_float64: bool = False  # passed against float64, where the fp32 reference itself is inexact
     # The failure is in the values (elements beyond the tolerance, or the relative L2 error), not in the
     # form (shape, dtype, count): a float64 computation of the answer can say whether the reference is to blame.
     numeric: bool = False
@@ -59,15 +60,25 @@ def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work:
                for lo in range(0, fa.numel(), CHUNK))
 
 
-def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64, slice by slice (no full-size temporaries)."""
+def _error_stats(a: torch.Tensor, b: torch.Tensor, atol: float | None = None,
+                 rtol: float | None = None) -> tuple[float, float]:
+    """(fraction of elements beyond atol + rtol * |b|, ||a - b|| / ||b||), in float64 slice by slice (no
+    full-size temporaries). NaN counts as beyond; without a tolerance the fraction is not counted (0)."""
     fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    bad = 0
     sq_diff = sq_ref = 0.0
     for lo in range(0, fa.numel(), CHUNK):
         sa, sb = fa[lo:lo + CHUNK].double(), fb[lo:lo + CHUNK].double()
+        if atol is not None:
+            bad += int((~_isclose(sa, sb, rtol=rtol, atol=atol, equal_nan=False)).sum().item())
         sq_diff += float(_norm(sa - sb).item()) ** 2
         sq_ref += float(_norm(sb).item()) ** 2
-    return (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
+    rel = (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
+    return bad / max(fa.numel(), 1), rel
+
+
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return _error_stats(a, b)[1]
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter turns its own torch-function handling off
@@ -234,49 +245,43 @@ def near_miss(cmp: Comparison) -> bool:
     return cmp.numeric and cmp.mismatch_fraction <= NEAR_MISS
 
 
-def _error_stats(a: torch.Tensor, exact: torch.Tensor, atol: float, rtol: float) -> tuple[float, float]:
-    """(fraction of elements beyond atol + rtol * |exact|, relative L2 error): NaN counts as beyond."""
-    fa, fe = a.detach().reshape(-1), exact.detach().reshape(-1)
-    if fa.numel() == 0:
-        return 0.0, 0.0
-    bad = 0
-    sq_diff = sq_ref = 0.0
-    for lo in range(0, fa.numel(), CHUNK):
-        sa, se = fa[lo:lo + CHUNK].double(), fe[lo:lo + CHUNK].double()
-        bad += int((~_isclose(sa, se, rtol=rtol, atol=atol, equal_nan=False)).sum().item())
-        sq_diff += float(_norm(sa - se).item()) ** 2
-        sq_ref += float(_norm(se).item()) ** 2
-    rel = (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
-    return bad / fa.numel(), rel
+ReferenceErrors = list[tuple[float, float] | None]  # per output: (fraction beyond the tolerance, relative L2)
 
 
-def reference_is_inexact(reference: Any, exact: list[torch.Tensor], atol: float, rtol: float) -> bool:
-    """Whether the fp32 reference fails the usual check against its float64 computation (elements beyond the
-    tolerance, or the relative L2 error; rounding noise around an exact zero counts), by a little."""
+def reference_is_inexact(reference: Any, exact: list[torch.Tensor], atol: float,
+                         rtol: float) -> ReferenceErrors | None:
+    """Where the fp32 reference fails the usual check against its float64 computation (elements beyond the
+    tolerance, or the relative L2 error; rounding noise around an exact zero counts) by a little, its
+    errors per output (None for integer outputs), for ``judge_against_float64``; else None."""
+    errors: ReferenceErrors = []
     inexact = False
     for r, e in zip(flatten_outputs(reference), exact, strict=True):
         if not r.is_floating_point():
+            errors.append(None)
             continue
         frac, l2 = _error_stats(r, e, atol, rtol)
         if frac > REFERENCE_MAX_MISMATCH:
-            return False
+            return None
         inexact |= frac > 0 or l2 > REL_L2_FACTOR.get(r.dtype, REL_L2_FACTOR_HALF) * rtol
-    return inexact
+        errors.append((frac, l2))
+    return errors if inexact else None
 
 
 def judge_against_float64(candidate: Any, reference: Any, exact: list[torch.Tensor], atol: float, rtol: float,
-                          trivial: list[torch.Tensor] | None = None) -> Comparison:
+                          trivial: list[torch.Tensor] | None = None,
+                          reference_errors: ReferenceErrors | None = None) -> Comparison:
     """Hold the candidate to the reference's own accuracy: against the float64 answer ``exact`` (cast to
     the reference's dtypes), at most ``FLOAT64_FACTOR`` x the reference's fraction of elements beyond the
     tolerance and x its relative L2 error (never less than the usual bound). ``trivial`` outputs that
-    meet the same test make the result ``unverifiable``: at this accuracy nothing tells them apart."""
+    meet the same test make the result ``unverifiable``: at this accuracy nothing tells them apart.
+    ``reference_errors``: what ``reference_is_inexact`` measured, so it is not measured again."""
     cand, ref = flatten_outputs(candidate), flatten_outputs(reference)
-    worst = Comparison(True, degenerate=False)
+    worst = Comparison(True, degenerate=False, by_float64=True)
     for i, (c, r, e) in enumerate(zip(cand, ref, exact, strict=True)):
         if not r.is_floating_point():
             continue
         label = f"output {i}" if len(ref) > 1 else "output"
-        ref_frac, ref_l2 = _error_stats(r, e, atol, rtol)
+        ref_frac, ref_l2 = reference_errors[i] if reference_errors else _error_stats(r, e, atol, rtol)
         max_frac = FLOAT64_FACTOR * ref_frac
         max_l2 = max(REL_L2_FACTOR.get(r.dtype, REL_L2_FACTOR_HALF) * rtol, FLOAT64_FACTOR * ref_l2)
 

@@ -457,7 +457,7 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         report["max_rel_err"] = max(report["max_rel_err"], cmp.max_rel_err)
         report["rel_l2_err"] = max(report["rel_l2_err"], cmp.rel_l2)
         failed_trial = None if cmp.ok else trial + 1
-        by_float64 = cmp.ok and cmp.reason == _BY_FLOAT64
+        by_float64 = cmp.by_float64
         if cmp.ok and earlier is not None and not by_float64:
             # The same test backwards: the earlier trial's answer held against this trial's. An output
             # that ignores its inputs cannot sit within 0.3x the distance between two answers of both
@@ -507,9 +507,6 @@ def _correctness(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         result["correct"] = True
 
 
-_BY_FLOAT64 = "judged against float64"
-
-
 def _judge(ctx: WorkerContext, ref_model: Any, inputs: list[Any], cand_out: Any, ref_out: Any, atol: float,
            rtol: float, result: dict[str, Any], state: dict[str, Any], trivial: list[torch.Tensor] | None = None,
            other_answers: list[torch.Tensor] | None = None) -> Comparison:
@@ -520,17 +517,18 @@ def _judge(ctx: WorkerContext, ref_model: Any, inputs: list[Any], cand_out: Any,
     if cmp.ok or not near_miss(cmp):
         return cmp
     exact = _float64_answer(ctx, ref_model, inputs, ref_out, result, state)
-    if exact is None or not reference_is_inexact(ref_out, exact, atol, rtol):
+    reference_errors = None if exact is None else reference_is_inexact(ref_out, exact, atol, rtol)
+    if reference_errors is None:
         return cmp
     if "ill_conditioned" not in result["flags"]:
         result["flags"].append("ill_conditioned")
     report = result.setdefault("correctness", {})
     report["judged_against_float64"] = report.get("judged_against_float64", 0) + 1
-    second = judge_against_float64(cand_out, ref_out, exact, atol, rtol, [*(trivial or []), *(other_answers or [])])
+    second = judge_against_float64(cand_out, ref_out, exact, atol, rtol, [*(trivial or []), *(other_answers or [])],
+                                   reference_errors)
     if not second.ok:
         second.reason = f"{cmp.reason}; {second.reason}"
         return second
-    second.reason = _BY_FLOAT64
     second.degenerate |= cmp.degenerate
     second.max_abs_err, second.max_rel_err = cmp.max_abs_err, cmp.max_rel_err  # against the fp32 reference
     return second
