@@ -34,7 +34,7 @@ class _LandlockBreaksCuda(WorkerDied):
 _LANDLOCK_BREAKS_CUDA: dict[str, str] = {}
 
 
-class _LogDrain(threading.Thread):
+class LogDrain(threading.Thread):
     """Reads the worker's stdout+stderr continuously, keeping only the tail: a candidate that
     prints 50 MB neither blocks on a full pipe nor fills our memory."""
 
@@ -99,7 +99,7 @@ class WorkerHandle:
         self.lock_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
         self.proc: subprocess.Popen | None = None
         self.reader: MessageReader | None = None
-        self.drain: _LogDrain | None = None
+        self.drain: LogDrain | None = None
         self.info: dict[str, Any] = {}
         self.restarts = 0
         self.jobs = 0
@@ -128,7 +128,9 @@ class WorkerHandle:
         env.update(PYTHONUNBUFFERED="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                    PYTHONDONTWRITEBYTECODE="1")
         if self.device == "cpu":
-            env["TRITON_INTERPRET"] = "1"
+            # One intra-op thread, as in its runners (runner_client.runner_env): the judge's OpenMP pool
+            # must not spin on the cores its runner's call needs right after.
+            env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         else:
             env.pop("TRITON_INTERPRET", None)  # a caller's interpreter setting must not reach a GPU worker
         env.setdefault("KB_GYM_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
@@ -138,7 +140,7 @@ class WorkerHandle:
                                      stderr=subprocess.PIPE, env=env, start_new_session=True,
                                      close_fds=True, cwd=tempfile.gettempdir())
         self.reader = MessageReader(self.proc.stdout.fileno())
-        self.drain = _LogDrain(self.proc.stderr)
+        self.drain = LogDrain(self.proc.stderr)
         self.drain.start()
         mark = 0
         deadline = time.monotonic() + STARTUP_TIMEOUT

@@ -1,0 +1,66 @@
+"""One timed call, the same code for the baseline (in the judge) and the candidate (in a runner).
+
+Per call: a cold L2 (a buffer larger than the cache overwritten, the device synchronised), a start
+event, the call, an end event, a device-wide synchronise. The event time is the call's device time
+on its stream, host launch gaps included where the device waits for the host. On the CPU the host
+clock around the call stands in for the events.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_perf_counter = time.perf_counter
+
+
+def median_ci(values: Sequence[float], z: float = 1.96) -> tuple[float, float, float]:
+    """Median and a distribution-free ~95% interval from order statistics."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan, math.nan)
+    mid = n // 2
+    med = xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+    half = z * math.sqrt(n) / 2
+    lo = xs[max(0, math.floor(n / 2 - half))]
+    hi = xs[min(n - 1, math.ceil(n / 2 + half) - 1)]
+    return med, lo, hi
+
+
+class CacheFlusher:
+    """Overwrites a buffer twice the size of the last-level cache to evict inputs and weights."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20) or (64 << 20)
+            self.buffer = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.float32, device=device)
+        else:
+            self.buffer = None
+
+    def flush(self) -> None:
+        if self.buffer is not None:
+            self.buffer.fill_(1.0)
+
+
+def timed_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
+               flusher: CacheFlusher) -> tuple[Any, float]:
+    """Run ``fn(*inputs)`` once on a cold cache under no_grad; return (output, milliseconds)."""
+    with torch.no_grad():
+        if device.type == "cuda":
+            flusher.flush()
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*inputs)
+            end.record()
+            torch.cuda.synchronize(device)
+            return out, start.elapsed_time(end)
+        t0 = _perf_counter()
+        out = fn(*inputs)
+        return out, (_perf_counter() - t0) * 1e3

@@ -1,0 +1,341 @@
+"""One evaluation in the judge: load the reference, hand the candidate to a fresh runner, check, time.
+
+The judge holds everything that decides a verdict (the reference model, the seeds and inputs, the
+comparison, the baseline's timing, the clock that is believed, the channel to the evaluator) and
+never imports candidate code: the candidate runs in a one-use runner process (runner.py) that
+holds none of it. Returns plain data.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import hmac
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from kb_gym.worker.checks import compare_outputs, flatten_outputs
+from kb_gym.worker.clock import CacheFlusher
+from kb_gym.worker.correctness import TrialSetup, run_trials
+from kb_gym.worker.float64 import judge
+from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
+from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.runner_client import RunnerPool, RunnerProcess
+from kb_gym.worker.timing import PairedTiming, time_pair
+
+STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
+
+
+class WorkerContext:
+    """What one judge keeps warm between evaluations."""
+
+    def __init__(self, device: str, scratch_root: Path, send: Callable[[dict], None],
+                 receive: Callable[[], dict | None] | None = None, runners: bool = True) -> None:
+        self.device = torch.device(device)
+        self.scratch_root = scratch_root
+        self.receive = receive
+        self.send = send
+        self.flusher = CacheFlusher(self.device)
+        self.jobs_done = 0
+        self.compiled_baselines: dict[str, Any] = {}
+        self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
+        self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
+        self.pool = RunnerPool(device, scratch_root) if runners else None
+        if self.pool is not None:
+            self.pool.prestart()
+
+    def seed(self, job_seed: int, purpose: str, k: int = 0) -> int:
+        digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+    def acquire_device(self) -> None:
+        """Wait until the evaluator grants this judge the device (several judges share it: the
+        stages that run on it, correctness and timing, take turns; loading and compiling do not)."""
+        self.send({"type": "acquire"})
+        granted = self.receive() if self.receive is not None else None
+        if not granted or granted.get("type") != "granted":
+            raise StageError("crash", f"expected the device grant from the evaluator, got {granted!r}", restart=True)
+
+    def speed_of_light_ms(self, inputs: list[Any], outputs: Any, model: Any, flops: int | None) -> float | None:
+        """A time no correct kernel can beat on this device, with a 25% margin: every input and
+        parameter read once and every output written once at peak bandwidth, or the reference's
+        operation count at peak dense-matrix throughput, whichever is longer."""
+        if self.peak_bytes_per_s is None:
+            return None
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + flatten_outputs(outputs)
+        tensors += list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+        moved = sum(t.numel() * t.element_size() for t in tensors)
+        seconds = max(moved / self.peak_bytes_per_s, (flops or 0) / self.peak_flops)
+        return 0.75 * seconds * 1e3
+
+
+# Dense tensor-core peaks (FLOP/s) by compute capability: the fastest arithmetic any kernel could
+# use, so the floor stays below every honest candidate. Unknown GPUs get the largest.
+_PEAK_FLOPS = MappingProxyType({(8, 0): 312e12, (8, 6): 150e12, (8, 9): 360e12, (9, 0): 990e12, (10, 0): 2250e12})
+
+
+def _device_peaks(device: torch.device) -> tuple[float | None, float]:
+    """Measured copy bandwidth (bytes/s, read + write) and the tabled peak FLOP/s; None on the CPU,
+    where the interpreter makes any floor meaningless."""
+    if device.type != "cuda":
+        return None, 0.0
+    props = torch.cuda.get_device_properties(device)
+    flops = _PEAK_FLOPS.get((props.major, props.minor), max(_PEAK_FLOPS.values()))
+    src = torch.empty(256 << 20, dtype=torch.float32, device=device)  # 1 GiB: far beyond L2
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    # The best observed copy, plus 20%: a kernel may beat a plain copy a little, never by much.
+    return 2 * (1 << 30) / best * 1.2, flops
+
+
+_WARM_UP_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
+    """One baseline-only job before the first real one, then freeze the heap.
+
+    The first job imports hundreds of modules lazily (the flop counter pulls in sympy and dynamo);
+    paying that at start-up keeps it out of the first candidate's stage times. Freezing what is
+    alive afterwards takes it out of the collector's sight, so the full collection after every job
+    costs ~1 ms instead of ~170 ms."""
+    job = {"job_id": 0, "problem_code": _WARM_UP_PROBLEM, "problem_key": "warm_up", "source": None, "seed": 0,
+           "config": {**config, "trials": 1, "timing_warmup": 1, "timing_min_reps": 3, "timing_max_reps": 3}}
+    send, ctx.send = ctx.send, lambda message: None  # the evaluator waits for "ready", not stages
+    try:
+        run_job(ctx, job)
+    finally:
+        ctx.send = send
+    ctx.jobs_done = 0
+    gc.collect()
+    gc.freeze()
+
+
+def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one job; never raises. The dict holds EvalResult fields plus ``restart``."""
+    job_dir = ctx.scratch_root / f"job_{ctx.jobs_done}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"stage_seconds": {}, "flags": [], "restart": False}
+    state: dict[str, Any] = {}
+    try:
+        _pipeline(ctx, job, job_dir, result, state)
+    except StageError as exc:
+        result.update(status=exc.status, error=exc.message)
+        if exc.status in ("crash", "timeout") and "runner" in state:
+            result["failed_stage"] = state.get("stage", "load")
+        if exc.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
+            result["restart"] = sticky_cuda_error(ctx.device)
+    except Exception as exc:  # noqa: BLE001 - the judge's own failure: report it, start a fresh judge
+        result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
+    finally:
+        runner = state.pop("runner", None)
+        if runner is not None:
+            result["runner"] = {"rtt_ms": runner.rtt_ms, "sandbox": runner.info.get("sandbox", {}),
+                                "startup_seconds": runner.info.get("startup_seconds")}
+            runner.kill()
+        state.clear()
+        ctx.jobs_done += 1
+        _cleanup(ctx, job_dir, result)
+    return result
+
+
+def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:
+    state["stage"] = name
+    ctx.send({"type": "stage", "stage": name})
+
+
+def _deadline(cfg: dict[str, Any], stage: str) -> float:
+    limit = float(cfg.get(f"{stage}_timeout", 300.0))
+    return time.monotonic() + max(1.0, limit - STAGE_MARGIN)
+
+
+def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: dict[str, Any],
+              state: dict[str, Any]) -> None:
+    cfg = job["config"]
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32", False))
+    device, dtype = ctx.device, DTYPES[cfg["precision"]]
+    seed = int(job["seed"])
+    atol, rtol = float(cfg["atol"]), float(cfg["rtol"])
+    stages = result["stage_seconds"]
+    has_candidate = job.get("source") is not None
+
+    # --- load: the reference here, the candidate in a pristine runner ---------------------------
+    _stage(ctx, state, "load")
+    t0 = time.perf_counter()
+    ref_path = job_dir / "reference.py"
+    ref_path.write_text(job["problem_code"])
+    try:
+        ref_mod = load_module(ref_path, f"kb_reference_{ctx.jobs_done}")
+        ref_model = init_model(ref_mod, ref_mod.Model, seed, device, dtype)
+    except Exception as exc:  # noqa: BLE001
+        raise StageError("runtime_error", f"the reference problem failed to load: {trim_traceback(exc, '')}") from None
+    if cfg["timing"] and cfg["baseline"] == "compile":
+        _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
+    if has_candidate:
+        if ctx.pool is None:
+            raise StageError("crash", "this judge runs no candidates (started without runners)")
+        deadline = _deadline(cfg, "load")
+        runner = ctx.pool.take()
+        state["runner"] = runner
+        runner.load(job["problem_code"], job["source"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
+                    timeout=deadline - time.monotonic())
+        result["compiled"] = True
+    stages["load"] = time.perf_counter() - t0
+
+    if job.get("device_lock") and (has_candidate or cfg["timing"]):
+        ctx.acquire_device()
+
+    # --- correctness: fresh secret-seeded inputs per trial ----------------------------------------
+    if has_candidate:
+        _stage(ctx, state, "correctness")
+        t0 = time.perf_counter()
+        setup = TrialSetup(device, dtype, ref_mod, ref_model, state["runner"], atol, rtol,
+                           _deadline(cfg, "correctness"))
+        trials = int(cfg["trials"])
+        seeds = [ctx.seed(seed, "trial", k) for k in range(trials)]
+        run_trials(setup, seeds, ctx.seed(seed, "widened"), result, state, ctx.speed_of_light_ms)
+        stages["correctness"] = time.perf_counter() - t0
+        if result.get("status") == "incorrect":
+            return
+    else:
+        result["compiled"] = True
+
+    # --- timing ---------------------------------------------------------------------------------
+    if not cfg["timing"]:
+        result.setdefault("status", "correct")
+        return
+    _stage(ctx, state, "timing")
+    t0 = time.perf_counter()
+    if ctx.pool is not None:
+        ctx.pool.settle(timeout=max(1.0, 0.5 * float(cfg.get("timing_timeout", 180.0))))
+    result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0
+    _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state)
+    stages["timing"] = time.perf_counter() - t0
+
+
+def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,
+                      dtype: torch.dtype) -> Any:
+    """``torch.compile(Model)``, compiled by one call in the load stage. Kept per problem."""
+    key = job["problem_key"]
+    if key not in ctx.compiled_baselines:
+        ctx.compiled_baselines.clear()
+        compiled = torch.compile(ref_model)
+        with torch.no_grad():
+            compiled(*make_inputs(ref_mod, ctx.seed(int(job["seed"]), "compile"), ctx.device, dtype))
+        ctx.compiled_baselines[key] = compiled
+    return ctx.compiled_baselines[key]
+
+
+def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess | None,
+            dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> None:
+    cfg = job["config"]
+    baseline_fn = ref_model
+    if cfg["baseline"] == "compile":
+        baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
+    cached = job.get("cached_baseline") if runner is not None else None
+    if runner is not None and "byte_limit" not in state:
+        state["byte_limit"] = 1 << 30
+
+    def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol)
+        if not cmp.ok and "ill_conditioned" in result["flags"]:
+            inputs = make_inputs(ref_mod, seed, ctx.device, dtype)
+            cmp = judge(ctx.device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
+        return None if cmp.ok else cmp.reason
+
+    deadline = _deadline(cfg, "timing")
+
+    def call_timeout() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StageError("timeout", "the timing stage exceeded its time limit")
+        return left
+
+    try:
+        timing = time_pair(
+            None if cached else baseline_fn, ref_model, runner, ref_mod, ctx.device, dtype, ctx.flusher,
+            check if cfg["check_timed_outputs"] else None,
+            warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
+            max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
+            max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
+            byte_limit=state.get("byte_limit", 1 << 30))
+    except StageError as exc:
+        if exc.status in ("runtime_error", "incorrect"):
+            exc.message = "failed while timing: " + exc.message
+        raise
+    except Exception as exc:  # noqa: BLE001 - the baseline itself failed: the judge's context may be gone
+        raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
+                         restart=sticky_cuda_error(ctx.device)) from None
+    _timing_verdict(timing, cached, result, state)
+
+
+def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: dict[str, Any],
+                    state: dict[str, Any]) -> None:
+    # The stage minus this is set-up: the split tells a slow loop from slow set-up.
+    result["stage_seconds"]["timing_loop"] = timing.seconds
+    if timing.mismatch:
+        result.update(status="incorrect", correct=False,
+                      error=f"outputs produced while timing differ from the reference ({timing.mismatch})")
+        result["flags"].append("timing_mismatch")
+        return
+    summary = timing.summary(cached_ref=(cached["ref_runtime_ms"], *cached["ref_runtime_ci_ms"]) if cached else None)
+    envelope = summary.pop("envelope", None)
+    result.update(summary)
+    if cached:
+        result["baseline_cached"] = True
+    if envelope is not None:
+        result.setdefault("correctness", {})["envelope"] = envelope
+        if envelope["counted"] and "side_stream" not in result["flags"]:
+            result["flags"].append("side_stream")
+    if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.launches == 0:
+        result["flags"].append("fallback")  # its own kernels in the trials, none while timed
+    floor = state.get("floor_ms")
+    if floor and result.get("runtime_ms") is not None and result["runtime_ms"] < floor:
+        result["flags"].append("excessive_speedup")
+        result.setdefault("correctness", {})["speed_of_light_ms"] = floor
+    result["status"] = "correct"
+
+
+def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any]) -> None:
+    for name in [n for n in sys.modules if n.startswith("kb_reference_")]:
+        del sys.modules[name]
+    gc.collect()
+    if ctx.device.type == "cuda":
+        try:
+            torch.cuda.synchronize(ctx.device)
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            result["restart"] = True
+    shutil.rmtree(job_dir, ignore_errors=True)
+
+
+__all__ = ["WorkerContext", "judge", "run_job", "warm_up"]

@@ -1,0 +1,66 @@
+"""Loading a problem or candidate module from source, and the error text the policy sees."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class StageError(Exception):
+    """A failure with a verdict attached: status and a message for the policy."""
+
+    def __init__(self, status: str, message: str, restart: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.restart = restart
+
+
+def load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def trim_traceback(exc: BaseException, candidate_file: str) -> str:
+    """The exception with the frames that matter to the policy: its own file's, and the last."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    keep = [f for f in frames if f.filename == candidate_file]
+    if frames and (not keep or keep[-1] is not frames[-1]):
+        keep.append(frames[-1])
+    lines = [f'  File "{Path(f.filename).name}", line {f.lineno}, in {f.name}\n    {f.line or ""}'
+             for f in keep[-6:]]
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return ("Traceback (most relevant frames):\n" + "\n".join(lines) + "\n" if lines else "") + message
+
+
+def check_signature(cls: type, method: str, args: list[Any], ref_cls: type) -> None:
+    try:
+        inspect.signature(getattr(cls, method)).bind(None, *args)
+    except TypeError as exc:
+        ref_sig = inspect.signature(getattr(ref_cls, method))
+        raise StageError("compile_error",
+                         f"ModelNew.{method} cannot take the reference's arguments ({len(args)} given): {exc}. "
+                         f"Model.{method} is {ref_sig}; ModelNew must accept the same arguments.") from None
+    except (ValueError, AttributeError):
+        pass  # builtins without a signature: let the call decide
+
+
+def sticky_cuda_error(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        torch.zeros(1, device=device).add_(1).item()
+        return False
+    except Exception:  # noqa: BLE001 - any failure here means the context is unusable
+        return True

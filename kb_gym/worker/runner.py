@@ -1,0 +1,272 @@
+"""Runner process: ``python -m kb_gym.worker.runner --device cuda:0 --scratch DIR``.
+
+The only process that ever runs candidate code, and it runs one candidate, then it is killed. The
+judge starts it before it is needed (a pristine spare), so start-up is off the critical path. It
+holds nothing that decides a verdict: no reference outputs, no comparison, no believed clock, no
+channel to the evaluator, no cache or store it may write. It is told seeds, builds the problem's
+inputs from them, runs ``ModelNew`` and hands back plain tensors and its own event times, which
+the judge checks against its own clock. Everything here can be rewritten by the candidate; nothing
+here has to be trusted.
+
+Sandbox (set up here, before torch is imported): fresh PID, network and mount namespaces from the
+judge's ``unshare`` prefix, a private size-limited /dev/shm, Landlock allowing writes only in the
+scratch folder (and the GPU's device files) and reads only of the Python installation and system
+folders (not the results store, the caches, /tmp or home folders), a minimal environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
+
+SHM_MB = 64
+
+
+def _readable_roots() -> list[str]:
+    """Folders a candidate may read: the interpreter, its packages, system libraries and tools."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             *(sysconfig.get_paths().values()), "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/opt",
+             "/proc", "/sys", "/dev", "/run/nvidia-persistenced"}
+    roots.update(p for p in sys.path if p and os.path.isdir(p))
+    import kb_gym  # editable installs map the package to a source folder: only the package itself
+
+    roots.update(os.path.dirname(p) if p.endswith("__init__.py") else p for p in kb_gym.__path__)
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(name):
+            roots.add(os.environ[name])
+    # A folder that holds a user's files must not be readable whole: the home folder (results store,
+    # caches), /tmp, the work tree. The package folders above are named one by one instead.
+    home = os.path.expanduser("~")
+    return sorted(r for r in roots if r and r not in ("/", home, "/tmp", tempfile.gettempdir()))
+
+
+def _confine(scratch: Path, device: str) -> dict[str, Any]:
+    mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
+    if mode in ("0", "off"):
+        return {"landlock": 0}
+    from kb_gym.worker.landlock import restrict_writes
+
+    reads = None if os.environ.get("KB_GYM_RUNNER_READS", "1") == "0" else _readable_roots()
+    writable = [str(scratch), f"/proc/{os.getpid()}", "/dev/shm"]
+    writable += ["/dev"] if device != "cpu" else ["/dev/null"]
+    return restrict_writes(writable, readable=reads)
+
+
+def _scratch_env(scratch: Path) -> None:
+    for name, sub in (("TMPDIR", "tmp"), ("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                      ("CUDA_CACHE_PATH", "nv"), ("TORCH_EXTENSIONS_DIR", "ext"), ("HOME", "home")):
+        path = scratch / sub
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    tempfile.tempdir = os.environ["TMPDIR"]
+
+
+class Runner:
+    """The commands a runner answers: ping, load, call, timed."""
+
+    def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any) -> None:
+        import torch
+
+        from kb_gym.worker.clock import CacheFlusher
+        from kb_gym.worker.launches import LaunchCounter
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.scratch = scratch
+        self.send = send
+        self.send_tensors = send_tensors
+        self.counter = LaunchCounter()
+        self.counter.install()
+        self.flusher = CacheFlusher(self.device)
+        self.ref_mod: Any = None
+        self.model: Any = None
+        self.dtype: Any = None
+        self.numerics: tuple[Any, ...] = ()
+        self.candidate_file = ""
+        self.forward_checked = False
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "ping":
+            self.send({"type": "pong"})
+        elif kind == "load":
+            self.send(self._load(msg))
+        elif kind in ("call", "timed"):
+            self._call(msg, timed=kind == "timed")
+        else:
+            self.send({"type": "error", "status": "crash", "error": f"unknown command {kind!r}"})
+
+    def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from kb_gym.worker.inputs import DTYPES, init_inputs_of, init_model
+        from kb_gym.worker.loading import StageError, check_signature, load_module, trim_traceback
+
+        torch = self.torch
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(msg.get("tf32"))
+        self.numerics = _numerics(torch)
+        self.dtype = DTYPES[msg["precision"]]
+        ref_path, cand_path = self.scratch / "reference.py", self.scratch / "candidate.py"
+        ref_path.write_text(msg["problem_code"])
+        cand_path.write_text(msg["source"])
+        self.candidate_file = str(cand_path)
+        os.chdir(self.scratch)
+        try:
+            self.ref_mod = load_module(ref_path, "kb_reference")
+        except Exception as exc:  # noqa: BLE001
+            return {"type": "loaded", "status": "runtime_error",
+                    "error": "the reference problem failed to load: " + trim_traceback(exc, "")}
+        try:
+            cand_mod = load_module(cand_path, "kb_candidate")
+        except BaseException as exc:  # noqa: BLE001
+            return {"type": "loaded", "status": "compile_error", "error": trim_traceback(exc, str(cand_path))}
+        cls = getattr(cand_mod, "ModelNew", None)
+        if not isinstance(cls, type):
+            return {"type": "loaded", "status": "format_error", "error": "the code runs but defines no class ModelNew"}
+        seed = int(msg["init_seed"])
+        try:
+            check_signature(cls, "__init__", init_inputs_of(self.ref_mod, seed), self.ref_mod.Model)
+        except StageError as exc:
+            return {"type": "loaded", "status": exc.status, "error": exc.message}
+        try:
+            self.model = init_model(self.ref_mod, cls, seed, self.device, self.dtype)
+        except BaseException as exc:  # noqa: BLE001
+            return {"type": "loaded", "status": "compile_error",
+                    "error": "constructing ModelNew failed:\n" + trim_traceback(exc, str(cand_path))}
+        if not callable(self.model):
+            return {"type": "loaded", "status": "compile_error", "error": "ModelNew(...) is not callable"}
+        return {"type": "loaded", "status": "ok"}
+
+    def _call(self, msg: dict[str, Any], timed: bool) -> None:
+        from kb_gym.worker.clock import timed_call
+        from kb_gym.worker.inputs import clone_inputs, make_inputs
+        from kb_gym.worker.loading import sticky_cuda_error, trim_traceback
+        from kb_gym.worker.tensors import describe, flatten_plain
+
+        torch = self.torch
+        inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype, widen=bool(msg.get("widen")))
+        if not self.forward_checked:
+            self.forward_checked = True
+            bad = _forward_mismatch(self.model, self.ref_mod, inputs)
+            if bad:
+                self.send({"type": "error", "status": "compile_error", "error": bad})
+                return
+        pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
+        self.counter.reset()
+        self.counter.backends.clear()
+        try:
+            if timed:
+                out, event_ms = timed_call(self.model, inputs, self.device, self.flusher)
+            else:
+                with torch.no_grad():
+                    out = self.model(*inputs)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                event_ms = None
+            structure, flat = flatten_plain(out)
+            meta = describe(flat)
+        except (TypeError, ValueError) as exc:
+            if "forward returned" in str(exc):
+                self.send({"type": "error", "status": "incorrect", "error": str(exc)})
+                return
+            self._send_exception(exc, sticky_cuda_error, trim_traceback)
+            return
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
+            self._send_exception(exc, sticky_cuda_error, trim_traceback)
+            return
+        mutated = pristine is not None and any(
+            isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
+        self.send_tensors({"type": "done", "event_ms": event_ms, "structure": structure, "outputs": meta,
+                           "launches": self.counter.count, "backends": sorted(self.counter.backends),
+                           "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)
+
+    def _send_exception(self, exc: BaseException, sticky: Any, trim: Any) -> None:
+        msg = trim(exc, self.candidate_file)
+        if isinstance(exc, self.torch.OutOfMemoryError):
+            msg = "out of device memory in forward: " + msg
+        self.send({"type": "error", "status": "runtime_error", "error": msg, "sticky": sticky(self.device)})
+
+
+def _numerics(torch: Any) -> tuple[Any, ...]:
+    """The global settings that change fp32 results; a candidate that changes them computes in lower precision."""
+    try:
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision())
+    except RuntimeError:  # the legacy and the new TF32 flags disagree: set through the new API
+        return ("mixed",)
+
+
+def _forward_mismatch(model: Any, ref_mod: Any, inputs: list[Any]) -> str | None:
+    try:
+        inspect.signature(type(model).forward).bind(None, *inputs)
+    except TypeError as exc:
+        ref_sig = inspect.signature(ref_mod.Model.forward)
+        return (f"ModelNew.forward cannot take the reference's inputs ({len(inputs)} given): {exc}. "
+                f"Model.forward is {ref_sig}.")
+    except (ValueError, AttributeError):
+        pass
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kb_gym.worker.runner")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--scratch", required=True)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    proto_in, proto_out = take_protocol_fds()
+    set_limits(file_bytes=1 << 30)
+    scratch = Path(args.scratch)
+    _scratch_env(scratch)
+    shm = os.environ.get("KB_GYM_RUNNER_PRIVATE_SHM") == "1" and private_shm(SHM_MB)
+    sandbox = _confine(scratch, args.device)
+    sandbox["private_shm_mb"] = SHM_MB if shm else 0
+
+    from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
+    from kb_gym.worker.tensors import host_bytes
+
+    def send(message: dict[str, Any]) -> None:
+        write_message(proto_out, message)
+
+    def send_tensors(message: dict[str, Any], tensors: list[Any]) -> None:
+        # The description first: the judge's clock stops on it, before the bytes are copied out.
+        send({**message, "payload_bytes": sum(m["nbytes"] for m in message["outputs"])})
+        for t in tensors:
+            view = host_bytes(t).cast("B")
+            while len(view):
+                view = view[os.write(proto_out, view):]
+
+    import torch
+
+    if args.device.startswith("cuda"):
+        try:
+            torch.cuda.set_device(torch.device(args.device))
+            torch.zeros(1, device=args.device).add_(1).item()
+        except RuntimeError as exc:
+            if not sandbox.get("landlock"):
+                raise
+            send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
+            os._exit(3)
+    runner = Runner(args.device, scratch, send, send_tensors)
+    send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started})
+    reader = MessageReader(proto_in)
+    while True:
+        try:
+            msg = reader.read(None)
+        except ProtocolError:
+            break
+        if msg is None or msg.get("type") == "shutdown":
+            break
+        runner.handle(msg)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The judge's side of a runner: start pristine spares, hand one a candidate, read what it sends, kill it.
+
+A runner is used for one candidate and then killed with everything it started (its PID namespace
+goes with it). While one candidate is evaluated the next runner is already starting, so the
+start-up (interpreter, torch, CUDA context) is hidden behind the evaluation instead of paid by it.
+Every wait on a runner has a deadline: a hung or dead runner becomes a verdict, never a hung judge.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kb_gym import sandbox
+from kb_gym.worker.clock import median_ci
+from kb_gym.worker.loading import StageError
+from kb_gym.worker.protocol import (
+    LANDLOCK_BREAKS_CUDA,
+    MessageReader,
+    ProtocolError,
+    read_exact,
+    write_message,
+)
+from kb_gym.worker.tensors import WireError, decode, expected_nbytes
+
+STARTUP_TIMEOUT = 300.0
+# What a runner's environment keeps of the judge's: tool locations and build settings, never
+# credentials or tokens (a candidate could return them in its error text).
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
+             "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "KB_GYM_LANDLOCK", "KB_GYM_RUNNER_READS",
+             "OMP_NUM_THREADS", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "TRITON_PTXAS_PATH")
+# Devices whose runners' CUDA failed under the read rules: later runners there skip them.
+_READS_BREAK_CUDA: dict[str, str] = {}
+
+
+@dataclass
+class CallReply:
+    """What a runner said about one call, with the judge's own clock around it."""
+
+    outputs: Any = None  # a tensor, or a tuple of tensors, rebuilt by the judge
+    event_ms: float | None = None
+    envelope_ms: float = 0.0  # the judge's clock: from sending the seed to the runner's "done"
+    launches: int = 0
+    backends: list[str] = field(default_factory=list)
+    mutated: bool = False
+    numerics_changed: bool = False
+
+
+def runner_env(device: str, scratch: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+    env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", TORCHINDUCTOR_COMPILE_THREADS="1",
+               HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"))
+    if device == "cpu":
+        # One intra-op thread on both sides of a CPU timing: two processes' OpenMP pools would otherwise
+        # spin against each other on a few cores (a 10 us ReLU measured 2.7 ms in the runner).
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    if sandbox.namespace_prefix():
+        env["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
+    if device in _READS_BREAK_CUDA:
+        env["KB_GYM_RUNNER_READS"] = "0"
+    return env
+
+
+class RunnerProcess:
+    """One runner: started pristine, given at most one candidate, then killed."""
+
+    def __init__(self, device: str, scratch_root: Path) -> None:
+        self.device = device
+        self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
+        self.torch_device = torch.device(device)
+        self.info: dict[str, Any] = {}
+        self.rtt_ms = 0.0
+        self.started = time.monotonic()
+        from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
+
+        cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
+               "--device", device, "--scratch", str(self.scratch)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=runner_env(device, self.scratch), start_new_session=True, close_fds=True,
+                                     cwd=str(self.scratch))
+        self.reader = MessageReader(self.proc.stdout.fileno())
+        self.drain = LogDrain(self.proc.stderr)
+        self.drain.start()
+        self.ready = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self) -> str:
+        return self.drain.text_since(0)
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Block until the runner is up, then time a few round trips while it is still pristine:
+        that latency is the part of the judge's clock that is the pipe's, not the candidate's."""
+        if self.ready:
+            return
+        deadline = self.started + timeout
+        try:
+            msg = self.reader.read(max(0.0, deadline - time.monotonic()))
+        except ProtocolError:
+            msg = None
+        if msg is None or msg.get("type") != "ready":
+            if msg is not None and msg.get("type") == LANDLOCK_BREAKS_CUDA:
+                _READS_BREAK_CUDA[self.device] = str(msg.get("error", ""))
+            log = self.log_tail()
+            self.kill()
+            raise StageError("crash", f"a runner for {self.device} failed to start: {log[-1500:]}")
+        self.info = msg
+        rtts = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            self._send({"type": "ping"})
+            self._expect("pong", 30.0)
+            rtts.append((time.perf_counter() - t0) * 1e3)
+        self.rtt_ms = median_ci(rtts)[0]
+        self.ready = True
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        try:
+            write_message(self.proc.stdin.fileno(), msg)
+        except OSError as exc:
+            raise self._died(f"could not reach the runner ({exc})") from None
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        try:
+            msg = self.reader.read(max(0.0, timeout))
+        except ProtocolError as exc:
+            raise self._died(str(exc)) from None
+        if msg is None:
+            self.kill()
+            raise StageError("timeout", f"the candidate ran past the stage's time limit ({timeout:.0f} s left)")
+        return msg
+
+    def _expect(self, kind: str, timeout: float) -> dict[str, Any]:
+        msg = self._read(timeout)
+        if msg.get("type") != kind:
+            raise StageError("crash", f"the runner answered {msg.get('type')!r} where {kind!r} was due")
+        return msg
+
+    def _died(self, why: str) -> StageError:
+        code = None
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        tail = self.log_tail().strip()[-600:]
+        self.kill()
+        detail = f" (exit code {code})" if code is not None else ""
+        return StageError("crash", f"the candidate's process died{detail}: {why}" + (f"\n{tail}" if tail else ""))
+
+    def load(self, problem_code: str, source: str, init_seed: int, precision: str, tf32: bool,
+             timeout: float) -> None:
+        """Import the candidate and build ModelNew; a failure is the candidate's verdict."""
+        self._send({"type": "load", "problem_code": problem_code, "source": source, "init_seed": init_seed,
+                    "precision": precision, "tf32": tf32})
+        reply = self._read(timeout)
+        if reply.get("type") != "loaded":
+            raise StageError("crash", f"the runner answered {reply.get('type')!r} to load")
+        if reply.get("status") != "ok":
+            raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
+
+    def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
+             check_mutation: bool = False) -> CallReply:
+        """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors."""
+        t0 = time.perf_counter()
+        self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
+                    "check_mutation": check_mutation})
+        msg = self._read(timeout)
+        envelope = (time.perf_counter() - t0) * 1e3
+        if msg.get("type") == "error":
+            status = str(msg.get("status", "runtime_error"))
+            raise StageError(status if status in ("runtime_error", "incorrect", "compile_error") else "runtime_error",
+                             str(msg.get("error", ""))[:20000], restart=bool(msg.get("sticky")))
+        if msg.get("type") != "done":
+            raise StageError("crash", f"the runner answered {msg.get('type')!r} to a call")
+        try:
+            nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
+            if msg.get("payload_bytes") != nbytes:
+                raise WireError("the announced payload does not match the outputs described")
+            data = read_exact(self.reader, nbytes, max(timeout, 60.0))
+            tensors = decode(msg["outputs"], data, self.torch_device)
+        except WireError as exc:
+            raise StageError("incorrect", f"the candidate's outputs could not be read: {exc}") from None
+        except ProtocolError as exc:
+            raise self._died(str(exc)) from None
+        del data
+        outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
+        event = msg.get("event_ms")
+        return CallReply(outputs=outputs, event_ms=float(event) if isinstance(event, (int, float)) else None,
+                         envelope_ms=envelope, launches=int(msg.get("launches") or 0),
+                         backends=[str(b) for b in msg.get("backends") or []][:4],
+                         mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            sandbox.kill_tree(self.proc.pid)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                try:
+                    if stream:
+                        stream.close()
+                except OSError:
+                    pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class RunnerPool:
+    """A pristine spare per judge: ``take()`` hands it out and starts the next one at once."""
+
+    def __init__(self, device: str, scratch_root: Path) -> None:
+        self.device = device
+        self.scratch_root = scratch_root
+        self.spare: RunnerProcess | None = None
+        self.started = 0
+
+    def prestart(self) -> None:
+        if self.spare is None or not self.spare.alive:
+            if self.spare is not None:
+                self.spare.kill()
+            self.spare = RunnerProcess(self.device, self.scratch_root)
+            self.started += 1
+
+    def take(self) -> RunnerProcess:
+        self.prestart()
+        runner, self.spare = self.spare, None
+        try:
+            runner.wait_ready()
+        except StageError:
+            if self.device not in _READS_BREAK_CUDA:
+                raise
+            runner = RunnerProcess(self.device, self.scratch_root)  # again, without the read rules
+            self.started += 1
+            runner.wait_ready()
+        self.prestart()
+        return runner
+
+    def settle(self, timeout: float) -> None:
+        """Let the spare finish starting before a timing loop: a process importing torch beside the
+        loop would take CPU time from the host side of every timed call."""
+        if self.spare is not None and not self.spare.ready:
+            try:
+                self.spare.wait_ready(timeout=max(1.0, time.monotonic() - self.spare.started + timeout))
+            except StageError:
+                self.spare = None  # it failed to start: the next take() starts another
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.kill()
+            self.spare = None

@@ -1,0 +1,106 @@
+"""Tensors across the runner's pipe: a description (dtype, shape, device) and the raw bytes.
+
+The judge rebuilds plain ``torch.Tensor`` objects from bytes it has bounded in advance, so whatever
+a candidate returns (a subclass, a lazy list, a view of a buffer it keeps writing to) arrives as
+values fixed at the moment the runner sent them, in a type the judge chose.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+_WIRE_DTYPES = MappingProxyType({
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128,
+})
+_NAMES = MappingProxyType({v: k for k, v in _WIRE_DTYPES.items()})
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class WireError(ValueError):
+    """What arrived does not describe plain tensors of a size the judge accepts."""
+
+
+def flatten_plain(out: Any) -> tuple[str, list[torch.Tensor]]:
+    """``forward``'s return value as ("tensor" | "sequence", tensors); numbers become 0-d tensors.
+    Raises TypeError for anything else, a tensor subclass included."""
+    if isinstance(out, torch.Tensor):
+        return "tensor", [_plain(out)]
+    if isinstance(out, (bool, int, float)):
+        return "tensor", [torch.tensor(out)]
+    if isinstance(out, (list, tuple)):
+        flat: list[torch.Tensor] = []
+        for item in out:
+            flat.extend(flatten_plain(item)[1])
+        return "sequence", flat
+    raise TypeError(f"forward returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    if type(t) not in _PLAIN:
+        raise TypeError(f"forward returned a {type(t).__name__}, a torch.Tensor subclass; return plain tensors")
+    return t
+
+
+def describe(tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """What ``send_bytes`` will write for each tensor: dtype, shape, device kind and byte count."""
+    meta = []
+    for t in tensors:
+        name = _NAMES.get(t.dtype)
+        if name is None:
+            raise TypeError(f"forward returned a tensor of dtype {t.dtype}, which cannot be compared")
+        meta.append({"dtype": name, "shape": list(t.shape), "device": t.device.type,
+                     "nbytes": t.numel() * t.element_size()})
+    return meta
+
+
+def host_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's values as contiguous host bytes."""
+    host = t.detach().to("cpu").contiguous()
+    if not host.numel():
+        return memoryview(b"")
+    return memoryview(host.reshape(-1).view(torch.uint8).numpy())
+
+
+def expected_nbytes(meta: Any, limit: int) -> int:
+    """Total bytes ``meta`` announces, checked against ``limit`` before anything is read."""
+    if not isinstance(meta, list) or len(meta) > 4096:
+        raise WireError("the runner described its outputs in an unreadable form")
+    total = 0
+    for item in meta:
+        if not isinstance(item, dict) or item.get("dtype") not in _WIRE_DTYPES:
+            raise WireError("the runner described an output with an unknown dtype")
+        shape = item.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < 1 << 40 for s in shape):
+            raise WireError("the runner described an output with an invalid shape")
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * _WIRE_DTYPES[item["dtype"]].itemsize
+        if item.get("nbytes") != nbytes:
+            raise WireError("an output's byte count does not match its shape and dtype")
+        total += nbytes
+    if total > limit:
+        raise WireError(f"the outputs are {total:,} bytes, more than the {limit:,} the reference's outputs allow")
+    return total
+
+
+def decode(meta: list[dict[str, Any]], data: bytearray, device: torch.device) -> list[torch.Tensor]:
+    """Plain tensors on ``device`` (CPU where the runner returned CPU tensors) from checked ``meta``."""
+    out, offset = [], 0
+    for item in meta:
+        dtype = _WIRE_DTYPES[item["dtype"]]
+        n = item["nbytes"]
+        raw = torch.frombuffer(data, dtype=torch.uint8, count=n, offset=offset) if n else torch.empty(0, dtype=torch.uint8)
+        offset += n
+        where = device if item.get("device") == "cuda" else torch.device("cpu")
+        if n:  # a copy either way: the judge's tensor shares nothing with the bytes it was read from
+            t = (raw.to(where) if where.type == "cuda" else raw.clone()).view(dtype).reshape(item["shape"])
+        else:
+            t = torch.empty(item["shape"], dtype=dtype, device=where)
+        out.append(t)
+    return out
