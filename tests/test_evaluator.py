@@ -228,12 +228,12 @@ def test_patching_the_harness_is_rejected_before_running(relu):
     fresh.close()
 
 
-def test_patching_the_harness_is_caught_at_runtime_too(ev, relu):
-    # With the static checks off, the runtime identity check still catches the patch.
+def test_patching_the_harness_changes_nothing_the_judge_decides(ev, relu):
+    # With the static checks off, the patch runs, in the candidate's own runner: the comparison it
+    # replaces there is not the one that judges it (the judge's process never runs candidate code).
     src = PATCHER
     r = ev.evaluate(relu, src, config=NO_TIMING.replace(integrity="off"))
-    assert r.status == "incorrect"
-    assert "tampering" in r.flags
+    assert r.status == "incorrect" and not r.correct
     after = ev.evaluate(relu, as_candidate(relu), config=NO_TIMING)  # fresh worker, honest harness
     assert after.status == "correct"
 

@@ -1,9 +1,9 @@
 """Judge process: ``python -m kb_gym.worker --device cuda:0``.
 
 The evaluator's worker for one device: it decides verdicts and never runs candidate code (job.py);
-each candidate runs in a one-use runner it starts (runner.py). Speaks the protocol on its original stdin/stdout, which it moves to private descriptors at start;
-fd 1 and 2 then both go to the stderr pipe, so whatever a candidate prints lands in a bounded log
-the evaluator drains, never in the protocol stream.
+each candidate runs in a one-use runner it starts (runner.py). Speaks the protocol on its original
+stdin/stdout, which it moves to private descriptors at start; fd 1 and 2 then both go to the stderr
+pipe, so whatever is printed lands in a bounded log the evaluator drains, never in the protocol.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerPool, RunnerProcess
-from kb_gym.worker.timing import PairedTiming, time_pair
+from kb_gym.worker.timing import PairedTiming, calibrate_overhead, time_pair
 
+CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
 
 
@@ -170,6 +171,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
 
 def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:
     state["stage"] = name
+    if "runner" in state:
+        state["runner"].stage = name
     ctx.send({"type": "stage", "stage": name})
 
 
@@ -206,8 +209,13 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         deadline = _deadline(cfg, "load")
         runner = ctx.pool.take()
         state["runner"] = runner
-        runner.load(job["problem_code"], job["source"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                    timeout=deadline - time.monotonic())
+        calibration = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)] if cfg["timing"] else []
+        runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
+                       timeout=deadline - time.monotonic(), calibration_seeds=calibration)
+        if calibration:
+            calibrate_overhead(runner, ref_model, ref_mod, device, dtype, ctx.flusher, calibration,
+                               timeout=deadline - time.monotonic())
+        runner.load(job["source"], seed, timeout=deadline - time.monotonic())
         result["compiled"] = True
     stages["load"] = time.perf_counter() - t0
 

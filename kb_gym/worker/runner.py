@@ -11,7 +11,8 @@ here has to be trusted.
 Sandbox (set up here, before torch is imported): fresh PID, network and mount namespaces from the
 judge's ``unshare`` prefix, a private size-limited /dev/shm, Landlock allowing writes only in the
 scratch folder (and the GPU's device files) and reads only of the Python installation and system
-folders (not the results store, the caches, /tmp or home folders), a minimal environment.
+folders (not the results store, the caches, /tmp or home folders), seccomp refusing new sockets and
+ptrace (seccomp.py), a minimal environment.
 """
 
 from __future__ import annotations
@@ -31,11 +32,18 @@ from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
 SHM_MB = 64
 
 
+# Of /etc, what the loader, Python, compilers and the CUDA driver read; not /etc/shadow or credentials.
+_ETC = tuple(f"/etc/{name}" for name in (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "passwd", "group", "nsswitch.conf",
+    "hosts", "host.conf", "os-release", "alternatives", "mime.types", "ssl", "ca-certificates", "gai.conf",
+    "nvidia", "OpenCL", "vulkan", "glvnd", "debian_version", "lsb-release", "environment"))
+
+
 def _readable_roots() -> list[str]:
     """Folders a candidate may read: the interpreter, its packages, system libraries and tools."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             *(sysconfig.get_paths().values()), "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/opt",
-             "/proc", "/sys", "/dev", "/run/nvidia-persistenced"}
+             *(sysconfig.get_paths().values()), "/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt",
+             "/proc", "/sys", "/dev", "/run/nvidia-persistenced", *_ETC}
     roots.update(p for p in sys.path if p and os.path.isdir(p))
     import kb_gym  # editable installs map the package to a source folder: only the package itself
 
@@ -88,6 +96,7 @@ class Runner:
         self.counter.install()
         self.flusher = CacheFlusher(self.device)
         self.ref_mod: Any = None
+        self.ref_model: Any = None
         self.model: Any = None
         self.dtype: Any = None
         self.numerics: tuple[Any, ...] = ()
@@ -98,6 +107,8 @@ class Runner:
         kind = msg.get("type")
         if kind == "ping":
             self.send({"type": "pong"})
+        elif kind == "prepare":
+            self.send(self._prepare(msg))
         elif kind == "load":
             self.send(self._load(msg))
         elif kind in ("call", "timed"):
@@ -105,24 +116,37 @@ class Runner:
         else:
             self.send({"type": "error", "status": "crash", "error": f"unknown command {kind!r}"})
 
-    def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from kb_gym.worker.inputs import DTYPES, init_inputs_of, init_model
-        from kb_gym.worker.loading import StageError, check_signature, load_module, trim_traceback
+    def _prepare(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The problem alone, while this runner is still pristine: its inputs, and the reference model
+        for the calls that measure this process's own per-call overhead before any candidate code runs."""
+        from kb_gym.worker.inputs import DTYPES, init_model
+        from kb_gym.worker.loading import load_module, trim_traceback
 
         torch = self.torch
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(msg.get("tf32"))
         self.numerics = _numerics(torch)
         self.dtype = DTYPES[msg["precision"]]
-        ref_path, cand_path = self.scratch / "reference.py", self.scratch / "candidate.py"
+        ref_path = self.scratch / "reference.py"
         ref_path.write_text(msg["problem_code"])
-        cand_path.write_text(msg["source"])
-        self.candidate_file = str(cand_path)
         os.chdir(self.scratch)
         try:
             self.ref_mod = load_module(ref_path, "kb_reference")
+            if msg.get("reference_model"):
+                self.ref_model = init_model(self.ref_mod, self.ref_mod.Model, int(msg["init_seed"]), self.device,
+                                            self.dtype)
         except Exception as exc:  # noqa: BLE001
-            return {"type": "loaded", "status": "runtime_error",
+            return {"type": "prepared", "status": "runtime_error",
                     "error": "the reference problem failed to load: " + trim_traceback(exc, "")}
+        return {"type": "prepared", "status": "ok"}
+
+    def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from kb_gym.worker.inputs import init_inputs_of, init_model
+        from kb_gym.worker.loading import StageError, check_signature, load_module, trim_traceback
+
+        self.ref_model = None  # candidate code runs from here on: nothing measured here is trusted again
+        cand_path = self.scratch / "candidate.py"
+        cand_path.write_text(msg["source"])
+        self.candidate_file = str(cand_path)
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
         except BaseException as exc:  # noqa: BLE001
@@ -151,8 +175,13 @@ class Runner:
         from kb_gym.worker.tensors import describe, flatten_plain
 
         torch = self.torch
+        reference = msg.get("target") == "reference"
+        model = self.ref_model if reference else self.model
+        if model is None:
+            self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
+            return
         inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype, widen=bool(msg.get("widen")))
-        if not self.forward_checked:
+        if not reference and not self.forward_checked:
             self.forward_checked = True
             bad = _forward_mismatch(self.model, self.ref_mod, inputs)
             if bad:
@@ -163,10 +192,10 @@ class Runner:
         self.counter.backends.clear()
         try:
             if timed:
-                out, event_ms = timed_call(self.model, inputs, self.device, self.flusher)
+                out, event_ms = timed_call(model, inputs, self.device, self.flusher)
             else:
                 with torch.no_grad():
-                    out = self.model(*inputs)
+                    out = model(*inputs)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 event_ms = None
@@ -183,6 +212,8 @@ class Runner:
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
+        if reference:  # the same path as a candidate's call up to here; its outputs are not needed
+            meta, flat = [], []
         self.send_tensors({"type": "done", "event_ms": event_ms, "structure": structure, "outputs": meta,
                            "launches": self.counter.count, "backends": sorted(self.counter.backends),
                            "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)
@@ -255,6 +286,10 @@ def main() -> None:
             send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
             os._exit(3)
     runner = Runner(args.device, scratch, send, send_tensors)
+    if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
+        from kb_gym.worker.seccomp import deny_sockets_and_ptrace
+
+        sandbox.update(deny_sockets_and_ptrace())
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started})
     reader = MessageReader(proto_in)
     while True:

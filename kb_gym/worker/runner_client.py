@@ -37,7 +37,7 @@ STARTUP_TIMEOUT = 300.0
 # credentials or tokens (a candidate could return them in its error text).
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
              "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "KB_GYM_LANDLOCK", "KB_GYM_RUNNER_READS",
-             "OMP_NUM_THREADS", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "TRITON_PTXAS_PATH")
+             "KB_GYM_SECCOMP", "OMP_NUM_THREADS", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "TRITON_PTXAS_PATH")
 # Devices whose runners' CUDA failed under the read rules: later runners there skip them.
 _READS_BREAK_CUDA: dict[str, str] = {}
 
@@ -79,6 +79,8 @@ class RunnerProcess:
         self.torch_device = torch.device(device)
         self.info: dict[str, Any] = {}
         self.rtt_ms = 0.0
+        self.overhead_ms = 0.0  # the judge's clock minus the events, per call, measured while pristine
+        self.stage = "load"
         self.started = time.monotonic()
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
 
@@ -138,7 +140,8 @@ class RunnerProcess:
             raise self._died(str(exc)) from None
         if msg is None:
             self.kill()
-            raise StageError("timeout", f"the candidate ran past the stage's time limit ({timeout:.0f} s left)")
+            raise StageError("timeout", f"the {self.stage} stage exceeded its time limit (the candidate ran on "
+                                        f"for the {timeout:.0f} s left of it)")
         return msg
 
     def _expect(self, kind: str, timeout: float) -> dict[str, Any]:
@@ -158,11 +161,18 @@ class RunnerProcess:
         detail = f" (exit code {code})" if code is not None else ""
         return StageError("crash", f"the candidate's process died{detail}: {why}" + (f"\n{tail}" if tail else ""))
 
-    def load(self, problem_code: str, source: str, init_seed: int, precision: str, tf32: bool,
-             timeout: float) -> None:
+    def prepare(self, problem_code: str, init_seed: int, precision: str, tf32: bool, timeout: float,
+                calibration_seeds: list[int]) -> None:
+        """Load the problem while the runner is pristine; with ``calibration_seeds`` the reference model too,
+        for timing.calibrate_overhead to time it there before any candidate code runs."""
+        self._send({"type": "prepare", "problem_code": problem_code, "init_seed": init_seed, "precision": precision,
+                    "tf32": tf32, "reference_model": bool(calibration_seeds)})
+        reply = self._read(timeout)
+        if reply.get("type") != "prepared" or reply.get("status") != "ok":
+            raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
+    def load(self, source: str, init_seed: int, timeout: float) -> None:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict."""
-        self._send({"type": "load", "problem_code": problem_code, "source": source, "init_seed": init_seed,
-                    "precision": precision, "tf32": tf32})
+        self._send({"type": "load", "source": source, "init_seed": init_seed})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise StageError("crash", f"the runner answered {reply.get('type')!r} to load")
@@ -170,11 +180,11 @@ class RunnerProcess:
             raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
-             check_mutation: bool = False) -> CallReply:
+             check_mutation: bool = False, target: str = "candidate") -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors."""
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
-                    "check_mutation": check_mutation})
+                    "check_mutation": check_mutation, "target": target})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         if msg.get("type") == "error":
@@ -215,6 +225,24 @@ class RunnerProcess:
                 except OSError:
                     pass
         shutil.rmtree(self.scratch, ignore_errors=True)
+        reap_orphans()
+
+
+def reap_orphans() -> None:
+    """Collect exited processes re-parented to this one: the judge is the first process of its PID
+    namespace, so a runner whose ``unshare`` parent was killed becomes its child. Only zombies are
+    waited for, by pid, so the spare's own Popen keeps its exit status."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children():
+            if child.status() == psutil.STATUS_ZOMBIE:
+                try:
+                    os.waitpid(child.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+    except Exception:  # noqa: BLE001 - psutil missing or a process vanished mid-walk
+        pass
 
 
 class RunnerPool:

@@ -95,7 +95,7 @@ def decode(meta: list[dict[str, Any]], data: bytearray, device: torch.device) ->
     for item in meta:
         dtype = _WIRE_DTYPES[item["dtype"]]
         n = item["nbytes"]
-        raw = torch.frombuffer(data, dtype=torch.uint8, count=n, offset=offset) if n else torch.empty(0, dtype=torch.uint8)
+        raw = torch.frombuffer(data, dtype=torch.uint8, count=n, offset=offset) if n else None
         offset += n
         where = device if item.get("device") == "cuda" else torch.device("cpu")
         if n:  # a copy either way: the judge's tensor shares nothing with the bytes it was read from

@@ -4,9 +4,10 @@ Each pair gets one fresh seed, drawn by the judge when the pair starts: both sid
 inputs from it, values no earlier call has seen, so no answer can be cached. The baseline's call
 runs here, in a process no candidate code ever ran in. The candidate's call runs in its runner,
 which reports its own event time; the judge's clock around the call (from sending the seed to the
-runner's "done", the envelope) bounds it. The envelope holds the same set-up as the baseline's own
-(input building, cache flush, synchronise) plus the pipe's round trip, timed while the runner was
-still pristine. Time the envelope shows beyond that is work the candidate's events did not see (a
+runner's "done", the envelope) bounds it. The envelope holds the call's set-up (input building,
+cache flush, synchronise) and the pipe, which the same runner measured on the reference through the
+same path while it was still pristine. Time the envelope shows beyond that is work the candidate's
+events did not see (a
 side stream, a lazy output, an event time it reported wrongly): it is added to the candidate's time
 and flagged ``side_stream``. Every timed output is checked against the baseline's on the same inputs.
 """
@@ -51,21 +52,18 @@ class PairedTiming:
     cand: Side
     reps: int
     rtt_ms: float
+    overhead_ms: float
     device_kind: str
     mismatch: str | None = None
     seconds: float = 0.0
     launches: int = 0
 
     def excess_ms(self) -> float:
-        """Median over pairs of the candidate's envelope beyond its events, the pipe and the baseline's
-        own set-up: work its event times did not cover."""
+        """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
+        overhead (measured on the reference while the runner was pristine): work its events did not cover."""
         if not self.cand.event_ms:
             return 0.0
-        n = min(len(self.ref.event_ms), len(self.cand.event_ms))
-        if n == 0:
-            return 0.0
-        gaps = [(ce - self.rtt_ms - cv) - (re - rv) for ce, cv, re, rv in
-                zip(self.cand.envelope_ms, self.cand.event_ms, self.ref.envelope_ms, self.ref.event_ms, strict=False)]
+        gaps = [(ce - cv) - self.overhead_ms for ce, cv in zip(self.cand.envelope_ms, self.cand.event_ms, strict=False)]
         return median_ci(gaps)[0]
 
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
@@ -87,11 +85,11 @@ class PairedTiming:
             _, s_lo, s_hi = median_ci(ratios)
         else:  # cached baseline: the interval comes from both medians' intervals
             s_lo, s_hi = (ref_lo / hi if hi > 0 else math.nan), (ref_hi / lo if lo > 0 else math.nan)
-        host = [e - self.rtt_ms for e in self.cand.envelope_ms]
+        host = [e - self.overhead_ms for e in self.cand.envelope_ms]
         out.update(runtime_ms=med, runtime_ci_ms=[lo, hi], speedup=(ref_med / med) if med > 0 else None,
                    speedup_ci=[s_lo, s_hi], host_ms=median_ci(host)[0],
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
-                             "counted": hidden})
+                             "overhead_ms": self.overhead_ms, "counted": hidden})
         return out
 
 
@@ -107,15 +105,20 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
     return out
 
 
-def _null_call(ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype, flusher: CacheFlusher,
-               side: Side) -> None:
-    """The baseline side's set-up alone (inputs, flush, synchronise) where a cached baseline is not timed:
-    the envelope check still knows what a call's set-up costs here."""
-    t0 = _perf_counter()
-    inputs = make_inputs(ref_mod, seed, device, dtype)
-    timed_call(lambda *args: None, inputs, device, flusher)
-    side.event_ms.append(0.0)
-    side.envelope_ms.append((_perf_counter() - t0) * 1e3)
+def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_mod: Any, device: torch.device,
+                       dtype: torch.dtype, flusher: CacheFlusher, seeds: list[int], timeout: float) -> float:
+    """The runner's own per-call overhead (the judge's clock minus the events), measured on the reference
+    while the runner is pristine, through the very path a candidate's timed call takes and interleaved with
+    the judge's baseline calls as in the timing loop (a process woken after the other one ran is slower to
+    answer than one called back to back). Sets and returns ``runner.overhead_ms``."""
+    gaps = []
+    for k, seed in enumerate(seeds):
+        _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
+        reply = runner.call(seed, timeout=timeout, byte_limit=0, timed=True, target="reference")
+        if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
+            gaps.append(reply.envelope_ms - reply.event_ms)
+    runner.overhead_ms = median_ci(gaps)[0] if gaps else runner.rtt_ms
+    return runner.overhead_ms
 
 
 def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: RunnerProcess | None, ref_mod: Any,
@@ -133,7 +136,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     ref, cand = Side(), Side()
     timed_base = base_fn is not None
     rtt = runner.rtt_ms if runner is not None else 0.0
-    timing = PairedTiming(ref, cand, 0, rtt, device.type)
+    overhead = runner.overhead_ms if runner is not None else 0.0
+    timing = PairedTiming(ref, cand, 0, rtt, overhead, device.type)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
@@ -158,8 +162,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
             if side == 0:
                 if timed_base:
                     outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref)
-                elif runner is not None:
-                    _null_call(ref_mod, seed, device, dtype, flusher, ref)
+                elif runner is not None:  # a cached baseline: its outputs still check the candidate's
                     with torch.no_grad():
                         outs[0] = ref_model(*make_inputs(ref_mod, seed, device, dtype))
             elif runner is not None:

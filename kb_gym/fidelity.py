@@ -1,0 +1,169 @@
+"""``kb-gym bench --fidelity``: is the Evaluator's time the kernel's own time?
+
+For each honest kernel of ours (bench_kernels/fidelity/), on a problem sized for a GPU: the
+Evaluator's candidate and baseline medians, beside the same forward timed bare in this process
+(cold-L2 CUDA events around each call, the method the Evaluator's runner and judge use, and CUDA
+graph replay where capture works), and the ratios. Targets (docs/benchmarks.md): the Evaluator's
+candidate time within 3% (or 5 us) of the bare cold-event time, speedups within 3%.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kb_gym.problems import Problem
+
+KERNELS = Path(__file__).resolve().parent / "bench_kernels"
+
+
+def _problem(name: str, forward: str, inputs: str, init: str = "[]", init_args: str = "") -> Problem:
+    code = f'''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+{"".join(f"        self.{a.strip()} = {a.strip()}" + chr(10) for a in init_args.strip(", ").split(",") if a.strip())}
+    def forward(self, x):
+        return {forward}
+
+
+def get_inputs():
+    return [{inputs}]
+
+
+def get_init_inputs():
+    return {init}
+'''
+    return Problem(id=0, name=name, level=1, code=code)
+
+
+@dataclass
+class FidelityCase:
+    name: str
+    problem: Problem
+    kernel: str  # file under bench_kernels/
+
+
+CASES = [
+    FidelityCase("relu_4096x2048", _problem("relu_small", "torch.relu(x)", "torch.randn(4096, 2048)"),
+                 "fidelity/relu_small.py"),
+    FidelityCase("softmax_8192x4096", _problem("softmax_rows", "torch.softmax(x, dim=1)", "torch.randn(8192, 4096)"),
+                 "fidelity/softmax_rows.py"),
+    FidelityCase("gelu_scale_8192x16384",
+                 _problem("gelu_scale", "F.gelu(x) * self.scale", "torch.randn(8192, 16384)", "[2.0]", ", scale"),
+                 "fidelity/gelu_scale.py"),
+    FidelityCase("axpb_cuda_8192x8192",
+                 _problem("axpb", "x * self.a + self.b", "torch.randn(8192, 8192)", "[1.5, 0.25]", ", a, b"),
+                 "fidelity/scale_bias_cuda.py"),
+    FidelityCase("softsign_8192x65536_triton",
+                 _problem("softsign", "x / (1 + torch.abs(x))", "torch.randn(8192, 65536)"), "softsign_triton.py"),
+    FidelityCase("softsign_8192x65536_cuda",
+                 _problem("softsign", "x / (1 + torch.abs(x))", "torch.randn(8192, 65536)"), "softsign_cuda.py"),
+]
+
+
+def _bare(case: FidelityCase, device: str, reps: int = 50) -> dict[str, float | None]:
+    """The candidate and the reference timed in this process: cold-L2 events and CUDA-graph replay."""
+    import torch
+
+    from kb_gym.worker.clock import CacheFlusher, median_ci, timed_call
+    from kb_gym.worker.inputs import init_model, make_inputs
+
+    dev = torch.device(device)
+    ns_ref: dict[str, Any] = {}
+    exec(compile(case.problem.code, "<problem>", "exec"), ns_ref)  # noqa: S102 - our own problem
+    ns_cand: dict[str, Any] = {}
+    exec(compile((KERNELS / case.kernel).read_text(), "<kernel>", "exec"), ns_cand)  # noqa: S102 - our kernel
+
+    class _Module:
+        get_inputs = staticmethod(ns_ref["get_inputs"])
+        get_init_inputs = staticmethod(ns_ref["get_init_inputs"])
+
+    ref = init_model(_Module, ns_ref["Model"], 0, dev, torch.float32)
+    cand = init_model(_Module, ns_cand["ModelNew"], 0, dev, torch.float32)
+    flusher = CacheFlusher(dev)
+    inputs = make_inputs(_Module, 1, dev, torch.float32)
+    out: dict[str, float | None] = {}
+    for label, fn in (("cand", cand), ("ref", ref)):
+        for _ in range(3):
+            timed_call(fn, inputs, dev, flusher)
+        out[f"{label}_events_ms"] = median_ci([timed_call(fn, inputs, dev, flusher)[1] for _ in range(reps)])[0]
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                fn(*inputs)
+            samples = []
+            for _ in range(reps):
+                flusher.flush()
+                torch.cuda.synchronize(dev)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                torch.cuda.synchronize(dev)
+                samples.append(start.elapsed_time(end))
+            out[f"{label}_graph_ms"] = median_ci(samples)[0]
+            del graph
+        except Exception:  # noqa: BLE001 - not capturable: no graph column
+            out[f"{label}_graph_ms"] = None
+    del ref, cand, inputs, flusher
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | None = None) -> dict[str, Any]:
+    from kb_gym.evaluator import Evaluator
+
+    rows = []
+    chosen = [c for c in CASES if not cases or c.name in cases]
+    with Evaluator(device, results_path=False, baseline_cache=False) as ev:
+        ev.warm()
+        for case in chosen:
+            bare = _bare(case, device)
+            source = (KERNELS / case.kernel).read_text()
+            evals = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                r = ev.evaluate(case.problem, source)
+                evals.append((r, time.perf_counter() - t0))
+            r, wall = evals[-1]
+            row = {"case": case.name, "status": r.status, "flags": r.flags, "error": (r.error or "")[:300],
+                   "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
+                   "speedups": [e.speedup for e, _ in evals], "wall_s": wall, "reps": r.timing_reps,
+                   "envelope": r.correctness.get("envelope"), **bare}
+            if r.runtime_ms and bare["cand_events_ms"]:
+                row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
+                row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]
+                row["bare_speedup"] = bare["ref_events_ms"] / bare["cand_events_ms"]
+                row["speedup_ratio"] = r.speedup / row["bare_speedup"]
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return {"rows": rows}
+
+
+def format_row(row: dict[str, Any]) -> str:
+    def f(v: Any, spec: str = ".4f") -> str:
+        return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+    return (f"{row['case']:<28} {row['status']:<9} cand {f(row['eval_cand_ms'])} bare {f(row['cand_events_ms'])} "
+            f"graph {f(row['cand_graph_ms'])} ratio {f(row.get('cand_ratio'), '.3f')} | ref {f(row['eval_ref_ms'])} "
+            f"bare {f(row['ref_events_ms'])} ratio {f(row.get('ref_ratio'), '.3f')} "
+            f"| speedup {f(row['speedup'], '.3f')} "
+            f"bare {f(row.get('bare_speedup'), '.3f')} ratio {f(row.get('speedup_ratio'), '.3f')} "
+            f"wall {f(row['wall_s'], '.2f')}s flags {','.join(row['flags'])}")
+
+
+def format_fidelity(report: dict[str, Any]) -> str:
+    ratios = [r["cand_ratio"] for r in report["rows"] if r.get("cand_ratio")]
+    lines = [format_row(r) for r in report["rows"]]
+    if ratios:
+        lines.append(f"candidate time / bare: min {min(ratios):.3f} median {statistics.median(ratios):.3f} "
+                     f"max {max(ratios):.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,261 @@
+"""Tables the static checks read: modules (allowed, known, reachable), qualified names and attributes that
+are findings, and the names the behaviour analysis treats as launches, computation or availability tests."""
+
+from __future__ import annotations
+
+import builtins as _builtins
+
+MAX_PARSE_CHARS = 100_000  # about 25k tokens: far above a policy's completion, small enough to parse in time
+MAX_PER_FLAG = 6
+ENV_ALLOW = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})
+
+BUILTIN_NAMES = frozenset(dir(_builtins))
+DEFAULT_ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy", "tl": "triton.language"}
+KNOWN_MODULES = frozenset({
+    "torch", "triton", "numpy", "builtins", "sys", "os", "time", "gc", "inspect", "importlib", "imp",
+    "kb_gym", "functools", "math", "random", "ctypes", "_ctypes", "cffi", "threading", "_thread",
+    "multiprocessing", "subprocess", "asyncio", "concurrent", "socket", "signal", "shutil", "pathlib",
+    "tempfile", "io", "types", "operator", "warnings", "logging", "einops", "cupy", "timeit", "traceback",
+    "weakref", "contextlib", "pickle", "marshal", "codecs", "json", "urllib", "urllib3", "requests", "http",
+    "httpx", "psutil", "resource", "unittest", "mock", "pytest", "numba", "scipy", "atexit", "pty", "joblib",
+    "typing", "dataclasses", "collections", "itertools", "copy", "struct", "mmap", "site", "platform",
+    "faulthandler", "tracemalloc", "posix", "_posixsubprocess", "_signal", "_socket", "_io", "_weakref",
+    "_operator", "copyreg", "dill", "cloudpickle", "shelve", "pdb", "bdb", "dis", "linecache", "sqlite3", "ssl",
+    "zipimport", "pkgutil", "runpy", "fcntl", "_pickle", "selectors",
+})
+
+# Deny by default: the modules (and their submodules) a candidate may import. Everything else is a finding:
+# the flag of the module's family below (all reject under ``strict``), else ``unlisted_import`` (no speed
+# credit: ``time``, ``random``, ``json``, ``tempfile``, ``pathlib``, unknown packages...; file-system modules
+# are no family: what they do at absolute paths is ``io_escape`` by the path rules). Allowed modules still go
+# through the rules on qualified names (torch.multiprocessing, os.system, ...).
+ALLOWED_MODULES = frozenset({
+    "__future__", "torch", "triton", "numpy", "cupy", "numba", "einops",
+    "math", "cmath", "numbers", "functools", "itertools", "collections", "typing", "typing_extensions",
+    "dataclasses", "enum", "abc", "warnings", "textwrap", "os",
+})
+# The flag an import of a module outside the allowlist gets, by the module's root (``unlisted_import`` if none).
+MODULE_FAMILIES: dict[str, str] = {
+    **dict.fromkeys(("sys", "gc", "inspect", "traceback", "types", "weakref", "_weakref", "operator", "_operator",
+                     "faulthandler", "tracemalloc", "dis", "linecache", "pdb", "bdb", "ctypes", "_ctypes",
+                     "cffi", "mmap", "marshal", "pickle", "_pickle", "shelve", "copyreg", "dill", "cloudpickle",
+                     "objgraph", "pympler", "guppy"), "introspection"),
+    **dict.fromkeys(("threading", "_thread", "multiprocessing", "subprocess", "_posixsubprocess", "asyncio",
+                     "concurrent", "joblib", "pty", "sched"), "concurrency"),
+    **dict.fromkeys(("socket", "_socket", "ssl", "signal", "_signal", "atexit", "resource", "psutil", "posix",
+                     "nt", "fcntl", "select", "selectors", "urllib", "urllib3", "requests", "http", "httpx",
+                     "aiohttp", "ftplib", "smtplib", "telnetlib", "paramiko", "websocket", "websockets"),
+                    "io_escape"),
+    **dict.fromkeys(("builtins", "importlib", "imp", "zipimport", "pkgutil", "site", "unittest", "mock",
+                     "pytest", "kb_gym"), "harness_patch"),
+}
+
+# Qualified names (exact or a dotted prefix) whose use is a finding, most specific first.
+REF_RULES: tuple[tuple[str, str], ...] = (
+    ("torch.multiprocessing", "concurrency"),
+    ("torch.overrides", "tensor_subclass"),
+    ("torch.utils._python_dispatch", "tensor_subclass"),
+    ("torch._C._dispatch*", "tensor_subclass"),
+    ("torch._C._set_python_dispatch*", "tensor_subclass"),
+    ("torch.Tensor._make_subclass", "tensor_subclass"),
+    ("torch.Tensor._make_wrapper_subclass", "tensor_subclass"),
+    ("ctypes", "introspection"), ("_ctypes", "introspection"), ("cffi", "introspection"),
+    ("mmap", "introspection"), ("numpy.ctypeslib", "introspection"),
+    ("inspect.currentframe", "introspection"), ("inspect.stack", "introspection"),
+    ("inspect.getouterframes", "introspection"), ("inspect.getinnerframes", "introspection"),
+    ("inspect.trace", "introspection"), ("inspect.getframeinfo", "introspection"),
+    ("sys._getframe", "introspection"), ("sys._current_frames", "introspection"),
+    ("sys.settrace", "introspection"), ("sys.setprofile", "introspection"),
+    ("sys.addaudithook", "introspection"), ("sys.monitoring", "introspection"),
+    ("sys.modules", "introspection"),
+    ("gc.get_objects", "introspection"), ("gc.get_referrers", "introspection"),
+    ("gc.get_referents", "introspection"), ("traceback.extract_stack", "introspection"),
+    ("traceback.walk_stack", "introspection"),
+    ("threading", "concurrency"), ("_thread", "concurrency"), ("multiprocessing", "concurrency"),
+    ("subprocess", "concurrency"), ("asyncio", "concurrency"), ("concurrent", "concurrency"),
+    ("joblib", "concurrency"), ("pty", "concurrency"),
+    ("os.fork", "concurrency"), ("os.forkpty", "concurrency"), ("os.system", "concurrency"),
+    ("os.popen", "concurrency"), ("os.posix_spawn", "concurrency"), ("os.posix_spawnp", "concurrency"),
+    ("os.exec*", "concurrency"), ("os.spawn*", "concurrency"), ("os.register_at_fork", "concurrency"),
+    ("socket", "io_escape"), ("urllib", "io_escape"), ("urllib3", "io_escape"), ("requests", "io_escape"),
+    ("http", "io_escape"), ("httpx", "io_escape"), ("aiohttp", "io_escape"), ("ftplib", "io_escape"),
+    ("smtplib", "io_escape"), ("telnetlib", "io_escape"), ("paramiko", "io_escape"),
+    ("websocket", "io_escape"), ("websockets", "io_escape"), ("signal", "io_escape"),
+    ("psutil", "io_escape"), ("resource", "io_escape"),
+    ("os.kill", "io_escape"), ("os.killpg", "io_escape"), ("os.chdir", "io_escape"),
+    ("os.fchdir", "io_escape"), ("os.chroot", "io_escape"), ("os.putenv", "io_escape"),
+    ("os.unsetenv", "io_escape"), ("os.setsid", "io_escape"), ("os.setpgid", "io_escape"),
+    ("os.setpgrp", "io_escape"), ("os.nice", "io_escape"), ("os.setpriority", "io_escape"),
+    ("os.sched_setaffinity", "io_escape"), ("os.getppid", "io_escape"),
+    ("os.write", "io_escape"), ("os.writev", "io_escape"), ("os.pwrite", "io_escape"), ("os.pwritev", "io_escape"),
+    ("os.sendfile", "io_escape"), ("os.dup", "io_escape"), ("os.dup2", "io_escape"), ("os.fdopen", "io_escape"),
+    ("importlib.reload", "harness_patch"), ("imp.reload", "harness_patch"),
+    ("unittest.mock", "harness_patch"), ("mock", "harness_patch"), ("pytest", "harness_patch"),
+    ("kb_gym", "harness_patch"), ("site", "harness_patch"),
+    ("marshal.loads", "dynamic_code"), ("types.FunctionType", "dynamic_code"),
+    ("types.CodeType", "dynamic_code"), ("pickle.loads", "dynamic_code"),
+    ("torch.compile", "pytorch_compiler"), ("torch._dynamo.optimize", "pytorch_compiler"),
+    ("torch._inductor.compile*", "pytorch_compiler"), ("torch._inductor.aot_compile", "pytorch_compiler"),
+    ("torch.jit.script", "pytorch_compiler"),
+    ("torch.jit.trace", "pytorch_compiler"), ("torch.export", "pytorch_compiler"),
+)
+# Standard modules whose use the rules above restrict, as attributes of another module.
+# (Not ``signal``, ``types`` or ``random``: torch has submodules of those names.)
+REACHABLE_STDLIB = frozenset({
+    "sys", "gc", "inspect", "ctypes", "builtins", "importlib", "os", "subprocess", "threading", "socket",
+    "marshal", "pickle", "traceback", "time", "multiprocessing", "weakref", "operator", "io", "pathlib",
+    "shutil", "tempfile", "atexit", "copyreg", "faulthandler", "tracemalloc", "_thread", "asyncio", "mmap",
+    "posix", "_pickle", "linecache",
+})
+REF_EXACT: dict[str, str] = {}
+REF_PREFIX: list[tuple[str, str]] = []
+for _name, _flag in REF_RULES:
+    if _name.endswith("*"):
+        REF_PREFIX.append((_name[:-1], _flag))
+    else:
+        REF_EXACT.setdefault(_name, _flag)
+
+# Attributes of frames, tracebacks, generators, coroutines, code objects and cells: no kernel reads them.
+FRAME_ATTRS = frozenset({
+    "f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "f_lasti", "f_lineno",
+    "tb_frame", "tb_next", "tb_lasti", "tb_lineno", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code",
+    "cr_await", "ag_frame", "ag_code", "ag_await", "co_code", "co_consts", "co_names", "co_varnames",
+    "co_freevars", "co_cellvars", "co_filename", "cell_contents",
+})
+ATTR_RULES: dict[str, str] = {
+    **dict.fromkeys(FRAME_ATTRS, "introspection"),
+    "__globals__": "introspection", "__subclasses__": "introspection",
+    "__torch_function__": "tensor_subclass", "__torch_dispatch__": "tensor_subclass",
+    "_make_subclass": "tensor_subclass", "_make_wrapper_subclass": "tensor_subclass",
+    "py_impl": "tensor_subclass",
+    "__builtins__": "harness_patch",
+}
+# Dunder attributes kernel code may touch: the data model's methods (``super().__init__()``, operators,
+# containers, context managers), metadata reads (``__name__``, ``__version__``, ``__file__``, reading
+# ``__class__``; assigning it stays ``tensor_subclass``) and the array-exchange protocols. Any other dunder
+# (``__dict__``, ``__code__``, ``__closure__``, ``__mro__``, ``__bases__``, ``__self__``, ``__wrapped__``,
+# ``__getattribute__``, ``__import__``, ``__loader__``, ``__spec__``, ``__reduce__``, ...) is ``introspection``.
+_OPERATORS = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "lshift", "rshift",
+              "and", "xor", "or")
+DUNDER_OK = frozenset({
+    "__init__", "__new__", "__call__", "__post_init__", "__repr__", "__str__", "__format__", "__hash__",
+    "__bool__", "__len__", "__iter__", "__next__", "__reversed__", "__contains__", "__getitem__", "__setitem__",
+    "__delitem__", "__missing__", "__enter__", "__exit__", "__aenter__", "__aexit__", "__eq__", "__ne__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__",
+    "__complex__", "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__copy__", "__deepcopy__",
+    "__setattr__", "__delattr__",  # on modules and classes these are harness_patch by the store rules
+    *(f"__{op}__" for op in _OPERATORS), *(f"__r{op}__" for op in _OPERATORS),
+    *(f"__i{op}__" for op in _OPERATORS),
+    "__name__", "__qualname__", "__doc__", "__module__", "__version__", "__file__", "__path__", "__package__",
+    "__all__", "__slots__", "__annotations__", "__class__",
+    "__array__", "__array_interface__", "__cuda_array_interface__", "__dlpack__", "__dlpack_device__",
+})
+# Names that are introspection wherever a string spells them (dotted parts count: ``"f_back.f_globals"``).
+DANGEROUS_NAMES = FRAME_ATTRS | frozenset({
+    "__globals__", "__code__", "__closure__", "__subclasses__", "__mro__", "__bases__", "__base__", "__dict__",
+    "__getattribute__", "__import__", "__builtins__", "__loader__", "__spec__", "__self__", "__func__",
+    "__wrapped__", "__reduce__", "__reduce_ex__", "__defaults__", "__kwdefaults__", "__traceback__",
+    "__objclass__", "__getattr__",
+})
+# Attribute getters whose string arguments name attributes (dotted for attrgetter).
+ATTR_GETTERS = frozenset({"operator.attrgetter", "operator.methodcaller", "operator.itemgetter"})
+# Builtins that may take a module object as an argument without it escaping the checks.
+MODULE_ARG_OK = frozenset({
+    "getattr", "hasattr", "setattr", "delattr", "vars", "dir", "isinstance", "issubclass", "id", "type", "print",
+    "repr", "str", "callable", "__import__",
+})
+# Module objects the checks know by name besides imported and known ones (``[torch.nn][0]``).
+KNOWN_SUBMODULES = frozenset({
+    "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.cuda", "torch.library", "torch._C", "torch.utils",
+    "torch.utils.cpp_extension", "torch.ops", "torch.backends", "torch.testing", "torch.fx", "torch.jit",
+    "torch.autograd", "torch._dynamo", "torch._inductor", "torch._utils", "torch.overrides", "torch.linalg",
+    "torch.fft", "torch.special", "torch.distributed", "torch.multiprocessing", "triton.language",
+    "triton.testing", "triton.runtime", "triton.compiler", "os.path", "numpy.linalg", "numpy.random",
+    "numpy.ctypeslib",
+})
+
+TIMER_PREFIXES = (
+    "time", "timeit", "torch.cuda.Event", "torch.cuda.event", "torch.cuda.synchronize", "torch.cuda.Stream",
+    "torch.cuda.streams", "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.Event",
+    "torch.cuda.elapsed_time", "torch.synchronize", "triton.testing", "torch.utils.benchmark",
+    "torch._C._cuda_synchronize",
+)
+PRECISION_PREFIXES = ("torch.backends", "torch._dynamo.config", "torch._inductor.config")
+PRECISION_CALLS = frozenset({
+    "torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
+    "torch.set_flush_denormal", "torch.set_num_threads", "torch.set_num_interop_threads",
+    "torch.use_deterministic_algorithms", "torch.set_default_device",
+})
+TENSOR_BASES = frozenset({
+    "torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", "torch.nn.Parameter",
+    "torch.nn.parameter.Parameter", "torch.nn.Buffer", "torch.nn.parameter.Buffer",
+    "torch.nn.parameter.UninitializedParameter", "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch.overrides.TorchFunctionMode", "torch.overrides.BaseTorchFunctionMode",
+})
+KERNEL_DECORATORS = frozenset({
+    "triton.jit", "triton.autotune", "triton.heuristics", "triton.language.jit", "triton.runtime.jit.jit",
+    "triton.runtime.autotune", "triton.runtime.autotuner.autotune", "numba.cuda.jit",
+})
+EXT_LOADERS = frozenset({
+    "torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load",
+})
+RAW_KERNELS = frozenset({
+    "cupy.RawKernel", "cupy.ElementwiseKernel", "cupy.ReductionKernel", "cupy.RawModule",
+})
+CACHE_DECORATORS = frozenset({"functools.lru_cache", "functools.cache"})
+
+OPEN_CALLS = frozenset({"open", "builtins.open", "io.open", "codecs.open", "os.open", "os.fdopen"})
+PATH_CALLS = frozenset({
+    "os.remove", "os.unlink", "os.rmdir", "os.removedirs", "os.rename", "os.renames", "os.replace",
+    "os.truncate", "os.chmod", "os.chown", "os.lchown", "os.symlink", "os.link", "os.utime", "os.mkfifo",
+    "shutil.rmtree", "shutil.move", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree",
+    "shutil.copymode", "shutil.copystat", "shutil.chown",
+    "torch.save", "torch.load", "numpy.save", "numpy.savez", "numpy.savez_compressed", "numpy.load",
+    "numpy.savetxt", "numpy.loadtxt", "numpy.fromfile", "numpy.memmap",
+})
+PATH_METHODS = frozenset({
+    "write_text", "write_bytes", "unlink", "rmdir", "rename", "replace", "touch", "chmod", "symlink_to",
+    "hardlink_to", "open",
+})
+PATH_CTORS = frozenset({"pathlib.Path", "pathlib.PurePath", "pathlib.PosixPath", "os.path.join",
+                         "os.path.expanduser", "os.path.abspath", "os.path.realpath", "os.path.normpath"})
+MUTATORS = frozenset({"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear",
+                       "append", "extend", "insert", "add", "appendleft", "remove"})
+
+# Calls into torch that build or describe tensors without computing the operator (not a fallback).
+TORCH_NONCOMPUTE_EXACT = frozenset({
+    "torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like", "torch.ones",
+    "torch.ones_like", "torch.full", "torch.full_like", "torch.tensor", "torch.as_tensor", "torch.from_numpy",
+    "torch.arange", "torch.device", "torch.Size", "torch.is_tensor", "torch.is_floating_point", "torch.numel",
+    "torch.finfo", "torch.iinfo", "torch.get_default_dtype", "torch.no_grad", "torch.inference_mode",
+    "torch.enable_grad", "torch.set_grad_enabled", "torch.is_grad_enabled", "torch.manual_seed",
+    "torch.Generator", "torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Module",
+    "torch.autograd.Function", "torch.get_device", "torch.is_complex",
+})
+TORCH_NONCOMPUTE_PREFIX = ("torch.cuda.", "torch.utils.", "torch.library.", "torch.backends.", "torch.version",
+                            "torch.jit.", "torch.testing.", "torch._dynamo.", "torch.nn.init.")
+# Tensor methods that compute (x.relu(), x.sum(), ...); layout and dtype methods are left out.
+TENSOR_OPS = frozenset({
+    "abs", "abs_", "acos", "add", "add_", "addcmul", "addcdiv", "addmm", "addmv", "amax", "amin", "argmax",
+    "argmin", "asin", "atan", "atan2", "baddbmm", "bmm", "ceil", "clamp", "clamp_", "clamp_min", "clamp_max",
+    "clip", "cos", "cosh", "cross", "cumprod", "cumsum", "div", "div_", "dot", "erf", "exp", "exp_", "expm1",
+    "floor", "gather", "gelu", "hardtanh", "index_add", "index_select", "kron", "leaky_relu", "lerp", "log",
+    "log1p", "log2", "log_softmax", "logsumexp", "masked_fill", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "mish", "mm", "mul", "mul_", "mv", "neg", "norm", "outer", "pow", "prod", "reciprocal", "relu",
+    "relu_", "round", "rsqrt", "scatter", "scatter_add", "sigmoid", "sigmoid_", "sign", "silu", "sin", "sinh",
+    "softmax", "softplus", "sort", "sqrt", "square", "std", "sub", "sub_", "sum", "tanh", "tanh_", "topk",
+    "tril", "triu", "var", "conv1d", "conv2d", "conv3d", "linear", "layer_norm", "batch_norm", "einsum",
+})
+PASSTHROUGH = frozenset({
+    "clone", "detach", "to", "view", "view_as", "reshape", "reshape_as", "contiguous", "cuda", "cpu", "float",
+    "half", "bfloat16", "double", "get", "setdefault", "pop", "copy", "expand", "expand_as", "squeeze",
+    "unsqueeze", "flatten", "t", "__getitem__", "requires_grad_", "type_as",
+})
+# Names that say "the kernel is available" in a condition: HAS_TRITON, cuda_ok, use_custom_kernel, ext_loaded...
+AVAIL_STRONG = frozenset({"triton", "cuda", "compiled", "available", "availability", "avail", "fallback",
+                           "supported", "extension"})
+AVAIL_VERBS = frozenset({"has", "use", "ok", "loaded", "built", "enabled", "can", "have"})
+AVAIL_NOUNS = frozenset({"kernel", "kernels", "ext", "custom", "triton", "cuda", "fast", "fused", "native", "jit"})
+SIZE_WORDS = frozenset({"size", "sizes", "shape", "dim", "dims", "stride", "padding", "dilation", "groups",
+                         "channels", "features", "len", "numel", "block"})
+AVAIL_CALLS = frozenset({"torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.is_initialized"})
