@@ -276,10 +276,7 @@ class Evaluator:
         result = EvalResult(**known, **_problem_fields(problem), source_hash=_hash(job["source"] or ""),
                             baseline=cfg.baseline, precision=cfg.precision, device=handle.device,
                             hardware=dict(handle.info.get("hardware", {})),
-                            worker={"pid": handle.info.get("pid"), "restarts": handle.restarts,
-                                    "pid_namespace": handle.info.get("pid_namespace", False),
-                                    "network_namespace": handle.info.get("network_namespace", False),
-                                    "landlock": handle.info.get("sandbox", {}).get("landlock", 0)})
+                            worker=_worker_fields(handle, raw.get("runner")))
         result.stage_seconds["queue"] = started - queued
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
@@ -321,6 +318,21 @@ class Evaluator:
         result.feedback = render_feedback(result, log_tail)
         if self.store is not None:
             self.store.append(result)
+
+
+def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[str, Any]:
+    """Where the candidate ran: its runner's sandbox when it had one (a baseline-only job has none)."""
+    fields = {"pid": handle.info.get("pid"), "restarts": handle.restarts,
+              "pid_namespace": handle.info.get("pid_namespace", False),
+              "network_namespace": handle.info.get("network_namespace", False), "landlock": 0}
+    box = (runner or {}).get("sandbox") or {}
+    if runner:
+        fields.update(pid_namespace=bool(box.get("pid_namespace")),
+                      network_namespace=bool(box.get("network_namespace")), landlock=int(box.get("landlock") or 0),
+                      reads_confined="readable" in box,
+                      seccomp=bool(box.get("seccomp")), private_shm_mb=int(box.get("private_shm_mb") or 0),
+                      runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"))
+    return fields
 
 
 def _problem_fields(problem: Problem) -> dict[str, Any]:

@@ -250,15 +250,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kb_gym.worker.runner")
     parser.add_argument("--device", required=True)
     parser.add_argument("--scratch", required=True)
+    parser.add_argument("--namespaces", action="store_true", help="started in fresh namespaces (unshare)")
     args = parser.parse_args()
+    serve(args.device, args.scratch, namespaces=args.namespaces)
+
+
+def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
+    """The runner's life: set up the sandbox, say ready, answer the judge until it closes the pipe.
+    Entered from main() (a fresh interpreter) or from a zygote's forked child (zygote.py)."""
     started = time.perf_counter()
+
     proto_in, proto_out = take_protocol_fds()
     set_limits(file_bytes=1 << 30)
-    scratch = Path(args.scratch)
+    scratch = Path(scratch_dir)
     _scratch_env(scratch)
     shm = os.environ.get("KB_GYM_RUNNER_PRIVATE_SHM") == "1" and private_shm(SHM_MB)
-    sandbox = _confine(scratch, args.device)
-    sandbox["private_shm_mb"] = SHM_MB if shm else 0
+    sandbox = _confine(scratch, device)
+    sandbox.update(private_shm_mb=SHM_MB if shm else 0, pid_namespace=namespaces, network_namespace=namespaces)
 
     from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
     from kb_gym.worker.tensors import host_bytes
@@ -276,16 +284,16 @@ def main() -> None:
 
     import torch
 
-    if args.device.startswith("cuda"):
+    if device.startswith("cuda"):
         try:
-            torch.cuda.set_device(torch.device(args.device))
-            torch.zeros(1, device=args.device).add_(1).item()
+            torch.cuda.set_device(torch.device(device))
+            torch.zeros(1, device=device).add_(1).item()
         except RuntimeError as exc:
             if not sandbox.get("landlock"):
                 raise
             send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
             os._exit(3)
-    runner = Runner(args.device, scratch, send, send_tensors)
+    runner = Runner(device, scratch, send, send_tensors)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         from kb_gym.worker.seccomp import deny_sockets_and_ptrace
 

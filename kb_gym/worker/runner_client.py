@@ -8,8 +8,10 @@ Every wait on a runner has a deadline: a hung or dead runner becomes a verdict, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,30 +75,50 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
-    def __init__(self, device: str, scratch_root: Path) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: Zygote | None = None) -> None:
         self.device = device
         self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
         self.torch_device = torch.device(device)
         self.info: dict[str, Any] = {}
         self.rtt_ms = 0.0
         self.overhead_ms = 0.0  # the judge's clock minus the events, per call, measured while pristine
+        self.overhead_spread_ms = 0.0  # its median absolute deviation
         self.stage = "load"
         self.started = time.monotonic()
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
 
-        cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
-               "--device", device, "--scratch", str(self.scratch)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=runner_env(device, self.scratch), start_new_session=True, close_fds=True,
-                                     cwd=str(self.scratch))
-        self.reader = MessageReader(self.proc.stdout.fileno())
-        self.drain = LogDrain(self.proc.stderr)
+        env = runner_env(device, self.scratch)
+        namespaces = bool(sandbox.namespace_prefix())
+        self.proc: subprocess.Popen | None = None
+        if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
+            ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
+            try:
+                self.pid = zygote.spawn(device, str(self.scratch), env, namespaces,
+                                        [ends[0][0], ends[1][1], ends[2][1]])
+            finally:
+                for fd in (ends[0][0], ends[1][1], ends[2][1]):
+                    os.close(fd)
+            self.stdin_fd, stdout_fd = ends[0][1], ends[1][0]
+            stderr = os.fdopen(ends[2][0], "rb", buffering=0)
+        else:  # a fresh interpreter in fresh namespaces: seconds
+            cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
+                   "--device", device, "--scratch", str(self.scratch), *(["--namespaces"] if namespaces else [])]
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         env=env, start_new_session=True, close_fds=True, cwd=str(self.scratch))
+            self.pid = self.proc.pid
+            self.stdin_fd, stdout_fd, stderr = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr
+        self.reader = MessageReader(stdout_fd)
+        self.drain = LogDrain(stderr)
         self.drain.start()
+        self._fds = [] if self.proc is not None else [self.stdin_fd, stdout_fd]
+        self._stderr = stderr
         self.ready = False
 
     @property
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return _running(self.pid)
 
     def log_tail(self) -> str:
         return self.drain.text_since(0)
@@ -129,7 +151,7 @@ class RunnerProcess:
 
     def _send(self, msg: dict[str, Any]) -> None:
         try:
-            write_message(self.proc.stdin.fileno(), msg)
+            write_message(self.stdin_fd, msg)
         except OSError as exc:
             raise self._died(f"could not reach the runner ({exc})") from None
 
@@ -152,10 +174,11 @@ class RunnerProcess:
 
     def _died(self, why: str) -> StageError:
         code = None
-        try:
-            code = self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         tail = self.log_tail().strip()[-600:]
         self.kill()
         detail = f" (exit code {code})" if code is not None else ""
@@ -212,20 +235,102 @@ class RunnerProcess:
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
     def kill(self) -> None:
+        sandbox.kill_tree(self.pid)
         if self.proc is not None:
-            sandbox.kill_tree(self.proc.pid)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]
+        else:
+            deadline = time.monotonic() + 10
+            while _running(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            streams = [self._stderr]
+            for fd in self._fds:
                 try:
-                    if stream:
-                        stream.close()
+                    os.close(fd)
                 except OSError:
                     pass
+            self._fds = []
+        for stream in streams:
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
+
+
+def _running(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone
+        return False
+
+
+class Zygote:
+    """The judge's handle on its zygote (zygote.py): started once, forks each runner."""
+
+    def __init__(self, device: str, scratch_root: Path) -> None:
+        from kb_gym.workers import LogDrain
+
+        home = Path(tempfile.mkdtemp(prefix="zygote_", dir=scratch_root))
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "kb_gym.worker.zygote", "--fd", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=runner_env(device, home), start_new_session=True,
+                                     cwd=str(home))
+        theirs.close()
+        self.sock = ours
+        self.reader = MessageReader(ours.fileno())
+        self.drain = LogDrain(self.proc.stderr)
+        self.drain.start()
+        self.ready = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        if self.ready:
+            return
+        try:
+            msg = self.reader.read(timeout)
+        except ProtocolError:
+            msg = None
+        if msg is None or msg.get("type") != "ready":
+            self.close()
+            raise StageError("crash", f"the runner zygote failed to start: {self.drain.text_since(0)[-1500:]}")
+        self.ready = True
+
+    def spawn(self, device: str, scratch: str, env: dict[str, str], namespaces: bool, fds: list[int]) -> int:
+        self.wait_ready()
+        request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces}
+        try:
+            socket.send_fds(self.sock, [json.dumps(request).encode() + b"\n"], fds)
+            reply = self.reader.read(30.0)
+        except (OSError, ProtocolError) as exc:
+            self.close()
+            raise StageError("crash", f"the runner zygote is gone ({exc})") from None
+        if not reply or reply.get("type") != "spawned":
+            self.close()
+            raise StageError("crash", f"the runner zygote did not fork a runner: {reply!r}")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        sandbox.kill_tree(self.proc.pid)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def reap_orphans() -> None:
@@ -246,19 +351,42 @@ def reap_orphans() -> None:
 
 
 class RunnerPool:
-    """A pristine spare per judge: ``take()`` hands it out and starts the next one at once."""
+    """A pristine spare per judge: ``take()`` hands it out and starts the next one at once.
+
+    Spares are forked by the judge's zygote; where it cannot start (KB_GYM_ZYGOTE=0 turns it off) each
+    runner is a fresh interpreter instead."""
 
     def __init__(self, device: str, scratch_root: Path) -> None:
         self.device = device
         self.scratch_root = scratch_root
         self.spare: RunnerProcess | None = None
         self.started = 0
+        self.zygote: Zygote | None = None
+        self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
+
+    def _zygote(self) -> Zygote | None:
+        if self.zygote_failed:
+            return None
+        if self.zygote is not None and not self.zygote.alive:
+            self.zygote.close()
+            self.zygote = None
+        if self.zygote is None:
+            self.zygote = Zygote(self.device, self.scratch_root)
+        try:
+            self.zygote.wait_ready()
+        except StageError:
+            self.zygote, self.zygote_failed = None, True
+        return self.zygote
 
     def prestart(self) -> None:
         if self.spare is None or not self.spare.alive:
             if self.spare is not None:
                 self.spare.kill()
-            self.spare = RunnerProcess(self.device, self.scratch_root)
+            try:
+                self.spare = RunnerProcess(self.device, self.scratch_root, self._zygote())
+            except StageError:  # the zygote died between its check and the fork: a fresh interpreter instead
+                self.zygote, self.zygote_failed = None, True
+                self.spare = RunnerProcess(self.device, self.scratch_root)
             self.started += 1
 
     def take(self) -> RunnerProcess:
@@ -269,7 +397,7 @@ class RunnerPool:
         except StageError:
             if self.device not in _READS_BREAK_CUDA:
                 raise
-            runner = RunnerProcess(self.device, self.scratch_root)  # again, without the read rules
+            runner = RunnerProcess(self.device, self.scratch_root, self._zygote())  # again, without read rules
             self.started += 1
             runner.wait_ready()
         self.prestart()
@@ -288,3 +416,6 @@ class RunnerPool:
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None

@@ -33,6 +33,7 @@ _perf_counter = time.perf_counter
 ENVELOPE_TOLERANCE = 0.03
 # On the CPU, two processes on a few cores wake each other through a pipe: ~0.5 ms of jitter per call.
 ENVELOPE_FLOOR_MS = {"cuda": 0.02, "cpu": 2.0}
+SPREAD_FACTOR = 4.0  # x the median absolute deviation of the pristine runner's own per-call overhead
 
 
 def fresh_seed() -> int:
@@ -53,6 +54,7 @@ class PairedTiming:
     reps: int
     rtt_ms: float
     overhead_ms: float
+    overhead_spread_ms: float
     device_kind: str
     mismatch: str | None = None
     seconds: float = 0.0
@@ -76,7 +78,10 @@ class PairedTiming:
             return out
         excess = self.excess_ms()
         med_events = median_ci(self.cand.event_ms)[0]
-        tolerance = max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5))
+        # Where building the inputs is slow and uneven (multi-GB inputs on the CPU), the envelope cannot be read
+        # more finely than the calibration's own spread: the tolerance grows with it (reported beside it).
+        tolerance = max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5),
+                        SPREAD_FACTOR * self.overhead_spread_ms)
         hidden = excess > tolerance
         cand = [c + excess for c in self.cand.event_ms] if hidden else list(self.cand.event_ms)
         med, lo, hi = median_ci(cand)
@@ -89,7 +94,8 @@ class PairedTiming:
         out.update(runtime_ms=med, runtime_ci_ms=[lo, hi], speedup=(ref_med / med) if med > 0 else None,
                    speedup_ci=[s_lo, s_hi], host_ms=median_ci(host)[0],
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
-                             "overhead_ms": self.overhead_ms, "counted": hidden})
+                             "overhead_ms": self.overhead_ms, "overhead_spread_ms": self.overhead_spread_ms,
+                             "counted": hidden})
         return out
 
 
@@ -118,6 +124,7 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
             gaps.append(reply.envelope_ms - reply.event_ms)
     runner.overhead_ms = median_ci(gaps)[0] if gaps else runner.rtt_ms
+    runner.overhead_spread_ms = median_ci([abs(g - runner.overhead_ms) for g in gaps])[0] if gaps else 0.0
     return runner.overhead_ms
 
 
@@ -137,7 +144,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     timed_base = base_fn is not None
     rtt = runner.rtt_ms if runner is not None else 0.0
     overhead = runner.overhead_ms if runner is not None else 0.0
-    timing = PairedTiming(ref, cand, 0, rtt, overhead, device.type)
+    spread = runner.overhead_spread_ms if runner is not None else 0.0
+    timing = PairedTiming(ref, cand, 0, rtt, overhead, spread, device.type)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None

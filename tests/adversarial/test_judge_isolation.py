@@ -11,6 +11,7 @@ must run, because the design has to hold when a static check misses.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -313,3 +314,36 @@ raise RuntimeError(" | ".join(found))
     assert "connected" not in r.error and "socket:PermissionError" in r.error, r.error
     assert "RuntimeError:  | PermissionError | " in r.error, r.error  # no secret in the environment, the file refused
     assert "root:" not in r.error, r.error  # /etc/shadow is not among the readable files
+
+
+CPP_EXTENSION = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+#include <torch/extension.h>
+torch::Tensor gelu(torch::Tensor x) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* xp = xc.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) yp[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * 0.70710678f));
+    return y;
+}
+"""
+ext = load_inline(name="guard_gelu_cpu", cpp_sources=source, functions=["gelu"], verbose=False)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.gelu(x)
+'''
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ninja") is None, reason="needs g++ and ninja")
+def test_an_extension_built_in_the_runner_is_counted_as_the_candidates_kernel():
+    """load_inline builds inside the runner's scratch folder (Landlocked, no sockets) and its calls count
+    as custom kernel launches."""
+    with Evaluator("cpu", results_path=False, load_timeout=600, timing_max_seconds=2) as ev:
+        r = ev.evaluate(GELU, CPP_EXTENSION)
+    assert r.status == "correct" and r.flags == [] and r.custom_kernel_launches, (r.status, r.flags, r.error)

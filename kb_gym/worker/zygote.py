@@ -1,0 +1,148 @@
+"""Zygote: ``python -m kb_gym.worker.zygote --fd N``, a pristine process that forks runners.
+
+Starting a runner from scratch costs an interpreter, ``import torch`` and Triton (5-6 s on the
+H200 machine, 1-2 s here). The zygote pays that once: it imports everything a runner needs, never
+initialises CUDA and never runs candidate code, and forks a runner per request in milliseconds. The
+child drops every descriptor but the three it was handed, enters fresh PID, network and mount
+namespaces (then forks once more, so the runner is the first process of its PID namespace, with
+its own /proc), and from there is an ordinary runner: private /dev/shm, Landlock, seccomp, CUDA
+initialised in the child itself.
+
+Requests arrive on a UNIX socket the judge made before starting the zygote (no socket is ever made
+after a runner exists): one JSON line with the device, scratch folder and environment, and the
+runner's stdin, stdout and stderr as passed descriptors. The reply is the forked child's pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_PR_SET_PDEATHSIG = 1
+
+
+def _preload() -> None:
+    """Everything a runner imports, imported once here (CUDA stays uninitialised: a forked child must
+    create its own context)."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch.nn.functional  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+    import kb_gym.worker.clock  # noqa: F401
+    import kb_gym.worker.inputs  # noqa: F401
+    import kb_gym.worker.launches  # noqa: F401
+    import kb_gym.worker.loading  # noqa: F401
+    import kb_gym.worker.runner  # noqa: F401
+    import kb_gym.worker.seccomp  # noqa: F401
+    import kb_gym.worker.tensors  # noqa: F401
+
+
+def _enter_namespaces(libc: ctypes.CDLL) -> bool:
+    """New mount, network and PID namespaces for the child; False where the OS refuses."""
+    return libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID) == 0
+
+
+def _mount_private_proc(libc: ctypes.CDLL) -> None:
+    # Mounts made here must not propagate back to the judge's namespace; /proc must show this PID
+    # namespace only, or the runner would see (and could read) the judge's processes.
+    libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+    libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become the runner. Never returns."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 16)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        libc = ctypes.CDLL(None, use_errno=True)
+        isolated = request.get("namespaces", True) and _enter_namespaces(libc)
+        if isolated:
+            pid = os.fork()  # the first child in the new PID namespace is its init
+            if pid:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _, status = os.waitpid(pid, 0)
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the waiting parent killed: the runner goes too
+            _mount_private_proc(libc)
+            os.environ["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
+        from kb_gym.worker.runner import serve
+
+        sys.argv = ["kb_gym.worker.runner"]
+        serve(request["device"], request["scratch"], namespaces=bool(isolated))
+    except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the zygote's loop
+        import traceback
+
+        traceback.print_exc()
+    os._exit(70)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kb_gym.worker.zygote")
+    parser.add_argument("--fd", type=int, required=True)
+    args = parser.parse_args()
+    sock = socket.socket(fileno=args.fd)
+    _preload()
+    signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    sock.sendall(json.dumps({"type": "ready", "pid": os.getpid()}).encode() + b"\n")
+    buffer = b""
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+        buffer += data
+        if b"\n" not in buffer:
+            for fd in fds:
+                os.close(fd)
+            continue
+        line, buffer = buffer.split(b"\n", 1)
+        request = json.loads(line)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            sock.sendall(b'{"type": "error", "error": "a spawn request needs three descriptors"}\n')
+            continue
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(json.dumps({"type": "spawned", "pid": pid}).encode() + b"\n")
+    os._exit(0)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+if __name__ == "__main__":
+    main()
