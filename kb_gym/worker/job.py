@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kb_gym.worker import build_cache
 from kb_gym.worker.checks import compare_outputs, flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, run_trials
@@ -218,7 +219,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if calibration:
             calibrate_overhead(runner, ref_model, ref_mod, device, dtype, ctx.flusher, calibration,
                                timeout=deadline - time.monotonic())
+        result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext")
         runner.load(job["source"], seed, timeout=deadline - time.monotonic())
+        if not result["build_cached"]:
+            build_cache.keep(job["source"], runner.scratch / "ext")
         result["compiled"] = True
     stages["load"] = time.perf_counter() - t0
 

@@ -309,7 +309,10 @@ class Zygote:
 
     def spawn(self, device: str, scratch: str, env: dict[str, str], namespaces: bool, fds: list[int]) -> int:
         self.wait_ready()
-        request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces}
+        fixed = Path(scratch).parent / "runner"
+        fixed.mkdir(exist_ok=True)
+        request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces,
+                   "fixed_scratch": str(fixed)}
         try:
             socket.send_fds(self.sock, [json.dumps(request).encode() + b"\n"], fds)
             reply = self.reader.read(30.0)
