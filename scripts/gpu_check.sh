@@ -39,6 +39,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     bench) kb bench --out "$OUT/bench.json" ;;
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
+    diag) python3 -P scripts/gpu_timing_diag.py ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
     audit) [ -f .device/audit.jsonl ] && cp .device/audit.jsonl "$OUT/audit.jsonl"
@@ -75,6 +76,7 @@ grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
 cat "$OUT/probe.log" 2>/dev/null
 tail -n 12 "$OUT/bench.log" 2>/dev/null
 tail -n 30 "$OUT/smoke.log" 2>/dev/null
+tail -n 6 "$OUT/diag.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 [ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \

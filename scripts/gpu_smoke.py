@@ -19,7 +19,8 @@ with Evaluator("cuda:0", results_path=False, baseline_cache=False) as ev:
     for name, src in list(cases.items()) * 2:
         t1 = time.perf_counter()
         r = ev.evaluate(relu, src)
-        print(f"{name:<10} {r.status:<13} speedup {r.speedup} wall {time.perf_counter() - t1:.2f}s flags {r.flags} "
+        print(f"{name:<10} {r.status:<13} worker {r.worker} speedup {r.speedup} "
+              f"wall {time.perf_counter() - t1:.2f}s flags {r.flags} "
               f"stages {json.dumps({k: round(v, 3) for k, v in r.stage_seconds.items()})} err {(r.error or '')[:300]}")
         print("   envelope", r.correctness.get("envelope"))
     batch = [(p, reference_as_candidate(p)) for p in problems if p.level < 3][:8] * 2

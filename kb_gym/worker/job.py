@@ -163,7 +163,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     finally:
         runner = state.pop("runner", None)
         if runner is not None:
-            result["runner"] = {"rtt_ms": runner.rtt_ms, "overhead_ms": runner.overhead_ms,
+            result["runner"] = {"rtt_ms": runner.rtt_ms, "overhead_ms": runner.overhead_ms, "forked": runner.forked,
+                                "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds")}
             runner.kill()

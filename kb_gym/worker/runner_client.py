@@ -90,6 +90,7 @@ class RunnerProcess:
         env = runner_env(device, self.scratch)
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
+        self.forked = zygote is not None
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
             try:
@@ -134,11 +135,15 @@ class RunnerProcess:
         except ProtocolError:
             msg = None
         if msg is None or msg.get("type") != "ready":
+            said = ""
             if msg is not None and msg.get("type") == LANDLOCK_BREAKS_CUDA:
-                _READS_BREAK_CUDA[self.device] = str(msg.get("error", ""))
+                said = str(msg.get("error", ""))
+                if not self.forked:  # a forked runner's CUDA failure is the zygote's to answer for
+                    _READS_BREAK_CUDA[self.device] = said
             log = self.log_tail()
             self.kill()
-            raise StageError("crash", f"a runner for {self.device} failed to start: {log[-1500:]}")
+            raise StageError("crash", f"a {'forked ' if self.forked else ''}runner for {self.device} failed to "
+                                      f"start: {said} {log[-1500:]}".strip())
         self.info = msg
         rtts = []
         for _ in range(7):
@@ -272,6 +277,13 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _zygote_env(device: str, home: Path) -> dict[str, str]:
+    env = runner_env(device, home)
+    # torch.cuda.is_available() through NVML: a driver initialised here would be unusable in every child.
+    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    return env
+
+
 class Zygote:
     """The judge's handle on its zygote (zygote.py): started once, forks each runner."""
 
@@ -282,7 +294,7 @@ class Zygote:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen([sys.executable, "-P", "-m", "kb_gym.worker.zygote", "--fd", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=runner_env(device, home), start_new_session=True,
+                                     stderr=subprocess.PIPE, env=_zygote_env(device, home), start_new_session=True,
                                      cwd=str(home))
         theirs.close()
         self.sock = ours
@@ -366,6 +378,7 @@ class RunnerPool:
         self.started = 0
         self.zygote: Zygote | None = None
         self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
+        self.zygote_error = ""
 
     def _zygote(self) -> Zygote | None:
         if self.zygote_failed:
@@ -377,8 +390,8 @@ class RunnerPool:
             self.zygote = Zygote(self.device, self.scratch_root)
         try:
             self.zygote.wait_ready()
-        except StageError:
-            self.zygote, self.zygote_failed = None, True
+        except StageError as exc:
+            self.zygote, self.zygote_failed, self.zygote_error = None, True, exc.message[:1000]
         return self.zygote
 
     def prestart(self) -> None:
@@ -397,10 +410,16 @@ class RunnerPool:
         runner, self.spare = self.spare, None
         try:
             runner.wait_ready()
-        except StageError:
-            if self.device not in _READS_BREAK_CUDA:
+        except StageError as exc:
+            if runner.forked:  # forked runners do not start here: fresh interpreters from now on
+                self.zygote_error = exc.message[:1000]
+                self.zygote_failed = True
+                if self.zygote is not None:
+                    self.zygote.close()
+                    self.zygote = None
+            elif self.device not in _READS_BREAK_CUDA:
                 raise
-            runner = RunnerProcess(self.device, self.scratch_root, self._zygote())  # again, without read rules
+            runner = RunnerProcess(self.device, self.scratch_root, self._zygote())  # again, differently
             self.started += 1
             runner.wait_ready()
         self.prestart()

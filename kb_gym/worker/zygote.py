@@ -112,6 +112,11 @@ def main() -> None:
     sock = socket.socket(fileno=args.fd)
     _preload()
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    import torch
+
+    if torch.cuda.is_initialized():  # a forked child could not use CUDA: say so instead of forking
+        sock.sendall(b'{"type": "error", "error": "CUDA was initialised while preloading"}\n')
+        os._exit(3)
     sock.sendall(json.dumps({"type": "ready", "pid": os.getpid()}).encode() + b"\n")
     buffer = b""
     while True:
