@@ -33,24 +33,38 @@ MAX_TEXT_CHARS = 1_000_000
 
 
 def resolve_devices(devices: str | Sequence[str] = "auto") -> list[str]:
-    """``"auto"``: every visible CUDA GPU, else the CPU. Also ``"cuda"``, ``"cpu"``, ``"cuda:1"``,
-    or a list of those."""
-    if isinstance(devices, str):
-        if devices == "auto":
-            import torch
-
-            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            return [f"cuda:{i}" for i in range(n)] or ["cpu"]
-        if devices == "cuda":
-            return [f"cuda:{i}" for i in range(max(1, _cuda_count()))]
-        return [d.strip() for d in devices.split(",") if d.strip()]
-    return list(devices)
+    """Device names, the same way in a string and in a list: ``"auto"`` (every visible GPU, else the
+    CPU), ``"cuda"`` (every visible GPU), ``"cpu"``, ``"cuda:N"``, or several of those (a list, or one
+    string with commas; a name given twice gets two workers). An unknown or unavailable device is a
+    ValueError here, never a crash per evaluation."""
+    items = devices.split(",") if isinstance(devices, str) else list(devices)
+    if not items:
+        raise ValueError("no device given: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    resolved: list[str] = []
+    for item in items:
+        name = str(item).strip().lower()
+        count = _cuda_count() if name.startswith(("cuda", "auto")) else 0
+        if name == "auto":
+            resolved += [f"cuda:{i}" for i in range(count)] or ["cpu"]
+        elif name == "cpu":
+            resolved.append("cpu")
+        elif name == "cuda":
+            if not count:
+                raise ValueError("device 'cuda' asked for, but no CUDA GPU is visible (use 'cpu' or 'auto')")
+            resolved += [f"cuda:{i}" for i in range(count)]
+        elif name.startswith("cuda:") and name[5:].isdigit():
+            if int(name[5:]) >= count:
+                raise ValueError(f"device {item!r} is not available: {count} CUDA GPU(s) visible")
+            resolved.append(name)
+        else:
+            raise ValueError(f"unknown device {item!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return resolved
 
 
 def _cuda_count() -> int:
     import torch
 
-    return torch.cuda.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class Evaluator:

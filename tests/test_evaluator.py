@@ -371,3 +371,21 @@ def test_a_worker_that_vanished_near_the_machines_memory_is_reported_as_out_of_m
     total_mb = psutil.virtual_memory().total / 2**20
     assert "out-of-memory killer" in _memory_hint(0.95 * total_mb)
     assert _memory_hint(100.0) == ""
+
+
+def test_device_names_mean_the_same_in_strings_and_lists(monkeypatch):
+    from kb_gym import evaluator
+
+    monkeypatch.setattr(evaluator, "_cuda_count", lambda: 2)
+    assert evaluator.resolve_devices("cuda") == evaluator.resolve_devices(["cuda"]) == ["cuda:0", "cuda:1"]
+    assert evaluator.resolve_devices("cuda:1,cpu") == evaluator.resolve_devices(["cuda:1", "cpu"]) == ["cuda:1", "cpu"]
+    assert evaluator.resolve_devices(["auto"]) == ["cuda:0", "cuda:1"]
+    assert evaluator.resolve_devices("cuda:0,cuda:0") == ["cuda:0", "cuda:0"]  # two workers on one GPU
+    with pytest.raises(ValueError, match="not available"):
+        evaluator.resolve_devices(["cuda:2"])
+    with pytest.raises(ValueError, match="unknown device"):
+        Evaluator(["gpu0"], results_path=False)
+    monkeypatch.setattr(evaluator, "_cuda_count", lambda: 0)
+    assert evaluator.resolve_devices("auto") == ["cpu"]
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        Evaluator(["cuda"], results_path=False)

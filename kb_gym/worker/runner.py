@@ -212,8 +212,6 @@ class Runner:
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
-        if reference:  # the same path as a candidate's call up to here; its outputs are not needed
-            meta, flat = [], []
         self.send_tensors({"type": "done", "event_ms": event_ms, "structure": structure, "outputs": meta,
                            "launches": self.counter.count, "backends": sorted(self.counter.backends),
                            "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)

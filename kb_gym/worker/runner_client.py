@@ -434,6 +434,15 @@ class RunnerPool:
             except StageError:
                 self.spare = None  # it failed to start: the next take() starts another
 
+    def pristine(self) -> RunnerProcess | None:
+        """The spare, up and never given a candidate (for measurements that must not run beside one)."""
+        try:
+            self.prestart()
+            self.spare.wait_ready()
+        except StageError:
+            self.spare = None
+        return self.spare
+
     def close(self) -> None:
         if self.spare is not None:
             self.spare.kill()
