@@ -72,3 +72,12 @@ def kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError):
         pass
+
+
+def kill_and_wait(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """``kill_tree`` the process, then reap it (a process that outlives the wait is left to the OS)."""
+    kill_tree(proc.pid)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass

@@ -161,11 +161,7 @@ class WorkerHandle:
     def kill(self) -> None:
         if self.proc is None:
             return
-        sandbox.kill_tree(self.proc.pid)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        sandbox.kill_and_wait(self.proc)
         scratch = self.info.get("scratch")
         if scratch and os.path.basename(scratch).startswith("kb_gym_worker_"):
             shutil.rmtree(scratch, ignore_errors=True)

@@ -240,14 +240,11 @@ class RunnerProcess:
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
     def kill(self) -> None:
-        sandbox.kill_tree(self.pid)
         if self.proc is not None:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            sandbox.kill_and_wait(self.proc)
             streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]
         else:
+            sandbox.kill_tree(self.pid)
             deadline = time.monotonic() + 10
             while _running(self.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -341,11 +338,7 @@ class Zygote:
             self.sock.close()
         except OSError:
             pass
-        sandbox.kill_tree(self.proc.pid)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        sandbox.kill_and_wait(self.proc)
 
 
 def reap_orphans() -> None:
