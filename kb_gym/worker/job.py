@@ -154,6 +154,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         _pipeline(ctx, job, job_dir, result, state)
     except StageError as exc:
         result.update(status=exc.status, error=exc.message)
+        result["flags"] += [f for f in exc.flags if f not in result["flags"]]
         if exc.status in ("crash", "timeout") and "runner" in state:
             result["failed_stage"] = state.get("stage", "load")
         if exc.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works

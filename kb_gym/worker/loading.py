@@ -15,11 +15,12 @@ import torch
 class StageError(Exception):
     """A failure with a verdict attached: status and a message for the policy."""
 
-    def __init__(self, status: str, message: str, restart: bool = False) -> None:
+    def __init__(self, status: str, message: str, restart: bool = False, flags: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.restart = restart
+        self.flags = flags
 
 
 def load_module(path: Path, name: str) -> Any:

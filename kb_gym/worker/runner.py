@@ -172,7 +172,7 @@ class Runner:
         from kb_gym.worker.clock import timed_call
         from kb_gym.worker.inputs import clone_inputs, make_inputs
         from kb_gym.worker.loading import sticky_cuda_error, trim_traceback
-        from kb_gym.worker.tensors import describe, flatten_plain
+        from kb_gym.worker.tensors import commitment, describe, flatten_plain
 
         torch = self.torch
         reference = msg.get("target") == "reference"
@@ -201,6 +201,7 @@ class Runner:
                 event_ms = None
             structure, flat = flatten_plain(out)
             meta = describe(flat)
+            digest = commitment(flat, int(msg.get("nonce", 0)))
         except (TypeError, ValueError) as exc:
             if "forward returned" in str(exc):
                 self.send({"type": "error", "status": "incorrect", "error": str(exc)})
@@ -213,6 +214,7 @@ class Runner:
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
         self.send_tensors({"type": "done", "event_ms": event_ms, "structure": structure, "outputs": meta,
+                           "commitment": digest,
                            "launches": self.counter.count, "backends": sorted(self.counter.backends),
                            "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)
 

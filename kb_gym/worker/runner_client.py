@@ -32,7 +32,7 @@ from kb_gym.worker.protocol import (
     read_exact,
     write_message,
 )
-from kb_gym.worker.tensors import WireError, decode, expected_nbytes
+from kb_gym.worker.tensors import WireError, commitment, decode, expected_nbytes
 
 STARTUP_TIMEOUT = 300.0
 # What a runner's environment keeps of the judge's: tool locations and build settings, never
@@ -210,9 +210,10 @@ class RunnerProcess:
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
              check_mutation: bool = False, target: str = "candidate") -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors."""
+        nonce = int.from_bytes(os.urandom(7), "little")
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
-                    "check_mutation": check_mutation, "target": target})
+                    "check_mutation": check_mutation, "target": target, "nonce": nonce})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         if msg.get("type") == "error":
@@ -227,6 +228,10 @@ class RunnerProcess:
                 raise WireError("the announced payload does not match the outputs described")
             data = read_exact(self.reader, nbytes, max(timeout, 60.0))
             tensors = decode(msg["outputs"], data, self.torch_device)
+            if commitment(tensors, nonce) != msg.get("commitment"):
+                raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
+                                 "when it reported the call done: its time did not cover computing them",
+                                 flags=("tampering",))
         except WireError as exc:
             raise StageError("incorrect", f"the candidate's outputs could not be read: {exc}") from None
         except ProtocolError as exc:

@@ -173,6 +173,36 @@ def test_work_outside_the_reported_time_is_counted_and_flagged(ev, source):
     honest_after(ev, TIMED)
 
 
+DONE_BEFORE_THE_WORK = cand('''
+import sys
+_tensors = sys.modules["kb_gym.worker.tensors"]
+_PENDING = []
+
+def _late_bytes(t):
+    import sys
+    import time
+    for x, out in sys.modules["kb_candidate"]._PENDING:  # the work, after "done" stopped the judge's clock
+        time.sleep(0.02)
+        out.copy_(0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5)))
+    sys.modules["kb_candidate"]._PENDING.clear()
+    host = t.detach().to("cpu").contiguous()
+    return memoryview(host.reshape(-1).view(torch.uint8).numpy())
+
+_tensors.host_bytes.__code__ = _late_bytes.__code__
+''', """out = torch.empty_like(x)
+_PENDING.append((x, out))
+return out""")
+
+
+def test_reporting_done_before_computing_the_outputs_is_tampering(ev):
+    """The runner's own harness rewritten so that it reports a call done at once and computes the answer
+    while the bytes are copied out: its outputs then differ from the commitment sent with "done"."""
+    r = ev.evaluate(GELU, DONE_BEFORE_THE_WORK, config=TIMED)
+    assert r.status == "incorrect" and "tampering" in r.flags, (r.status, r.flags, r.error)
+    assert "committed" in r.error
+    honest_after(ev, TIMED)
+
+
 INPUT_VALUE_CACHE = cand('''
 _seen = {}
 ''', '''key = round(float(x[0, :8].sum()), 6)
