@@ -282,6 +282,7 @@ class Evaluator:
         known = {k: raw[k] for k in ("status", "compiled", "correct", "speedup", "speedup_ci", "runtime_ms",
                                      "baseline_cached",
                                      "runtime_ci_ms", "ref_runtime_ms", "ref_runtime_ci_ms", "timing_reps",
+                                     "host_runtime_ms", "ref_host_runtime_ms", "speed_of_light_fraction",
                                      "backend", "flags", "error", "correctness", "custom_kernel_launches",
                                      "stage_seconds") if k in raw}
         known.setdefault("status", Status.CRASH.value)

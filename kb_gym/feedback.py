@@ -78,6 +78,13 @@ def _timing_text(result: EvalResult) -> str:
     ci = result.speedup_ci or [None, None]
     interval = f" (95% interval {ci[0]:.2f}-{ci[1]:.2f})" if None not in ci else ""
     verdict = "faster than" if (result.speedup or 0) > 1 else "not faster than"
-    return (f"Correct. Your kernel: {result.runtime_ms:.4g} ms; PyTorch {result.baseline} baseline: "
+    text = (f"Correct. Your kernel: {result.runtime_ms:.4g} ms; PyTorch {result.baseline} baseline: "
             f"{result.ref_runtime_ms:.4g} ms; speedup {result.speedup:.3f}x{interval}, {verdict} the baseline "
             f"({result.timing_reps} paired runs on {result.device}).")
+    if result.speed_of_light_fraction:
+        text += (f" That is {result.speed_of_light_fraction:.0%} of this GPU's speed of light for the problem "
+                 "(every byte moved once at peak bandwidth, or its FLOPs at peak throughput).")
+    if result.host_runtime_ms and result.host_runtime_ms > 2 * result.runtime_ms + 0.05:
+        text += (f" The host side took {result.host_runtime_ms:.3g} ms per call: launch overhead dominates, fewer "
+                 "kernel launches would help more than faster kernels.")
+    return text

@@ -54,6 +54,13 @@ class EvalResult:
     ref_runtime_ms: float | None = None
     ref_runtime_ci_ms: list[float] | None = None
     timing_reps: int = 0
+    # Host-side time per call beside the device times: where it far exceeds runtime_ms the problem is
+    # launch-bound (candidate: the judge's clock minus the runner's measured overhead).
+    host_runtime_ms: float | None = None
+    ref_host_runtime_ms: float | None = None
+    # Ideal time (every byte moved once at the measured copy bandwidth, or the FLOPs at the tabled peak)
+    # over the measured time: how close to the hardware the candidate got (GPU only).
+    speed_of_light_fraction: float | None = None
     baseline: str = "eager"
     baseline_cached: bool = False
     precision: str = "fp32"

@@ -39,7 +39,7 @@ FAULTS: dict[str, tuple[str, str]] = {
                  "return torch.relu(x)"),
     "device_oom": ("", "return torch.empty(1 << 42, dtype=torch.uint8, device=x.device)"),
     "kill_parent": ("import signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "return torch.relu(x)"),
-    # Patches the reference sees: caught by the harness guard, the worker is replaced.
+    # Patches of what the reference runs, and forged verdicts: they reach only the candidate's own runner.
     "patch_reference": ("_real = torch.relu\n"
                         "def _once(x):\n    torch.relu = _real\n    return torch.zeros_like(x)\n",
                         "torch.relu = _once; return torch.zeros_like(x)"),

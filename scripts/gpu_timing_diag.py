@@ -32,7 +32,7 @@ def diagnose(name: str) -> None:
     rows["fresh inputs"] = med(lambda i: timed_call(cand, make_inputs(prob, 100 + i, dev, torch.float32), dev, fl)[1])
 
     def with_d2h(i):
-        out, ms = timed_call(cand, make_inputs(prob, 200 + i, dev, torch.float32), dev, fl)
+        out, ms, _ = timed_call(cand, make_inputs(prob, 200 + i, dev, torch.float32), dev, fl)
         host_bytes(out)
         return ms
     rows["fresh + output to host"] = med(with_d2h)

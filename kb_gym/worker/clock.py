@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -56,9 +56,15 @@ class CacheFlusher:
 LAUNCH_SHIELD_CYCLES = 200_000  # ~100 us at the H200's 1.98 GHz
 
 
+class TimedCall(NamedTuple):
+    out: Any
+    ms: float  # device time (CUDA events; the host clock on the CPU)
+    host_ms: float  # host time spent in the call itself, enqueueing its work (before the synchronise)
+
+
 def timed_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
-               flusher: CacheFlusher, shield: bool = True) -> tuple[Any, float]:
-    """Run ``fn(*inputs)`` once on a cold cache under no_grad; return (output, milliseconds)."""
+               flusher: CacheFlusher, shield: bool = True) -> TimedCall:
+    """Run ``fn(*inputs)`` once on a cold cache under no_grad."""
     with torch.no_grad():
         if device.type == "cuda":
             flusher.flush()
@@ -67,10 +73,13 @@ def timed_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
             if shield:
                 torch.cuda._sleep(LAUNCH_SHIELD_CYCLES)
             start.record()
+            t0 = _perf_counter()
             out = fn(*inputs)
+            host = (_perf_counter() - t0) * 1e3
             end.record()
             torch.cuda.synchronize(device)
-            return out, start.elapsed_time(end)
+            return TimedCall(out, start.elapsed_time(end), host)
         t0 = _perf_counter()
         out = fn(*inputs)
-        return out, (_perf_counter() - t0) * 1e3
+        host = (_perf_counter() - t0) * 1e3
+        return TimedCall(out, host, host)

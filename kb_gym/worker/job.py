@@ -34,6 +34,7 @@ from kb_gym.worker.timing import PairedTiming, calibrate_overhead, time_pair
 
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
+SOL_MARGIN = 0.75  # the speed-of-light floor is this share of the ideal time: no honest kernel is flagged
 
 
 class WorkerContext:
@@ -76,7 +77,7 @@ class WorkerContext:
         tensors += list(model.parameters()) if isinstance(model, torch.nn.Module) else []
         moved = sum(t.numel() * t.element_size() for t in tensors)
         seconds = max(moved / self.peak_bytes_per_s, (flops or 0) / self.peak_flops)
-        return 0.75 * seconds * 1e3
+        return SOL_MARGIN * seconds * 1e3
 
 
 # Dense tensor-core peaks (FLOP/s) by compute capability: the fastest arithmetic any kernel could
@@ -356,6 +357,8 @@ def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result:
     if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.launches == 0:
         result["flags"].append("fallback")  # its own kernels in the trials, none while timed
     floor = state.get("floor_ms")
+    if floor and result.get("runtime_ms"):
+        result["speed_of_light_fraction"] = floor / SOL_MARGIN / result["runtime_ms"]
     if floor and result.get("runtime_ms") is not None and result["runtime_ms"] < floor:
         result["flags"].append("excessive_speedup")
         result.setdefault("correctness", {})["speed_of_light_ms"] = floor

@@ -192,13 +192,13 @@ class Runner:
         self.counter.backends.clear()
         try:
             if timed:
-                out, event_ms = timed_call(model, inputs, self.device, self.flusher)
+                out, event_ms, host_ms = timed_call(model, inputs, self.device, self.flusher)
             else:
                 with torch.no_grad():
                     out = model(*inputs)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                event_ms = None
+                event_ms = host_ms = None
             structure, flat = flatten_plain(out)
             meta = describe(flat)
             digest = commitment(flat, int(msg.get("nonce", 0)))
@@ -213,7 +213,8 @@ class Runner:
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
-        self.send_tensors({"type": "done", "event_ms": event_ms, "structure": structure, "outputs": meta,
+        self.send_tensors({"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure,
+                           "outputs": meta,
                            "commitment": digest,
                            "launches": self.counter.count, "backends": sorted(self.counter.backends),
                            "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)

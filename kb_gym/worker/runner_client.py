@@ -50,6 +50,7 @@ class CallReply:
 
     outputs: Any = None  # a tensor, or a tuple of tensors, rebuilt by the judge
     event_ms: float | None = None
+    host_ms: float | None = None  # as the runner reports it: informational only
     envelope_ms: float = 0.0  # the judge's clock: from sending the seed to the runner's "done"
     launches: int = 0
     backends: list[str] = field(default_factory=list)
@@ -174,8 +175,15 @@ class RunnerProcess:
     def _expect(self, kind: str, timeout: float) -> dict[str, Any]:
         msg = self._read(timeout)
         if msg.get("type") != kind:
-            raise StageError("crash", f"the runner answered {msg.get('type')!r} where {kind!r} was due")
+            raise self._unexpected(msg, kind)
         return msg
+
+    def _unexpected(self, msg: dict[str, Any], wanted: str) -> StageError:
+        """A message the runner's harness never sends in reply to this command: the candidate wrote to its
+        channel (a forged verdict, a stray line from a child), or rewrote the harness."""
+        self.kill()
+        return StageError("incorrect", f"the candidate's process answered {str(msg.get('type'))[:40]!r} where "
+                          f"{wanted!r} was due: it wrote to the runner's channel itself", flags=("tampering",))
 
     def _died(self, why: str) -> StageError:
         code = None
@@ -196,14 +204,16 @@ class RunnerProcess:
         self._send({"type": "prepare", "problem_code": problem_code, "init_seed": init_seed, "precision": precision,
                     "tf32": tf32, "reference_model": bool(calibration_seeds)})
         reply = self._read(timeout)
-        if reply.get("type") != "prepared" or reply.get("status") != "ok":
+        if reply.get("type") != "prepared":
+            raise self._unexpected(reply, "prepared")
+        if reply.get("status") != "ok":
             raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
     def load(self, source: str, init_seed: int, timeout: float) -> None:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict."""
         self._send({"type": "load", "source": source, "init_seed": init_seed})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
-            raise StageError("crash", f"the runner answered {reply.get('type')!r} to load")
+            raise self._unexpected(reply, "loaded")
         if reply.get("status") != "ok":
             raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
 
@@ -221,7 +231,7 @@ class RunnerProcess:
             raise StageError(status if status in ("runtime_error", "incorrect", "compile_error") else "runtime_error",
                              str(msg.get("error", ""))[:20000], restart=bool(msg.get("sticky")))
         if msg.get("type") != "done":
-            raise StageError("crash", f"the runner answered {msg.get('type')!r} to a call")
+            raise self._unexpected(msg, "done")
         try:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if msg.get("payload_bytes") != nbytes:
@@ -238,8 +248,8 @@ class RunnerProcess:
             raise self._died(str(exc)) from None
         del data
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
-        event = msg.get("event_ms")
-        return CallReply(outputs=outputs, event_ms=float(event) if isinstance(event, (int, float)) else None,
+        event, host = msg.get("event_ms"), msg.get("host_ms")
+        return CallReply(outputs=outputs, event_ms=_finite_ms(event), host_ms=_finite_ms(host),
                          envelope_ms=envelope, launches=int(msg.get("launches") or 0),
                          backends=[str(b) for b in msg.get("backends") or []][:4],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
@@ -268,6 +278,14 @@ class RunnerProcess:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
+
+
+def _finite_ms(value: Any) -> float | None:
+    """A time the runner reported, if it is one (not NaN, not negative, not a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if 0.0 <= value < 1e9 else None
 
 
 def _running(pid: int) -> bool:

@@ -45,6 +45,7 @@ def fresh_seed() -> int:
 class Side:
     event_ms: list[float] = field(default_factory=list)
     envelope_ms: list[float] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)  # host time inside the call (launching its work)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class PairedTiming:
         ref_med, ref_lo, ref_hi = cached_ref or median_ci(self.ref.event_ms)
         out: dict[str, Any] = {"ref_runtime_ms": ref_med, "ref_runtime_ci_ms": [ref_lo, ref_hi],
                                "timing_reps": self.reps,
-                               "ref_host_ms": median_ci(self.ref.envelope_ms)[0] if self.ref.envelope_ms else None}
+                               "ref_host_runtime_ms": median_ci(self.ref.host_ms)[0] if self.ref.host_ms else None}
         if not self.cand.event_ms:
             return out
         excess = self.excess_ms()
@@ -90,9 +91,9 @@ class PairedTiming:
             _, s_lo, s_hi = median_ci(ratios)
         else:  # cached baseline: the interval comes from both medians' intervals
             s_lo, s_hi = (ref_lo / hi if hi > 0 else math.nan), (ref_hi / lo if lo > 0 else math.nan)
-        host = [e - self.overhead_ms for e in self.cand.envelope_ms]
         out.update(runtime_ms=med, runtime_ci_ms=[lo, hi], speedup=(ref_med / med) if med > 0 else None,
-                   speedup_ci=[s_lo, s_hi], host_ms=median_ci(host)[0],
+                   speedup_ci=[s_lo, s_hi],
+                   host_runtime_ms=median_ci(self.cand.host_ms)[0] if self.cand.host_ms else None,
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": self.overhead_ms, "overhead_spread_ms": self.overhead_spread_ms,
                              "counted": hidden})
@@ -103,11 +104,12 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
                flusher: CacheFlusher, side: Side | None) -> Any:
     t0 = _perf_counter()
     inputs = make_inputs(ref_mod, seed, device, dtype)
-    out, ms = timed_call(fn, inputs, device, flusher)
+    out, ms, host = timed_call(fn, inputs, device, flusher)
     envelope = (_perf_counter() - t0) * 1e3
     if side is not None:
         side.event_ms.append(ms)
         side.envelope_ms.append(envelope)
+        side.host_ms.append(host)
     return out
 
 
@@ -155,6 +157,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
         if side is not None:
             side.event_ms.append(reply.event_ms if reply.event_ms is not None else reply.envelope_ms)
             side.envelope_ms.append(reply.envelope_ms)
+            if reply.host_ms is not None:
+                side.host_ms.append(reply.host_ms)
         return reply
 
     for _ in range(warmup):

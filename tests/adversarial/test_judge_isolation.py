@@ -111,7 +111,7 @@ torch.nn.functional.gelu = _slow
 
 
 @pytest.mark.parametrize("source, expect", [
-    pytest.param(FORGE_THROUGH_SEND, ("crash", "incorrect", "runtime_error"), id="forge_verdict_through_send"),
+    pytest.param(FORGE_THROUGH_SEND, ("incorrect",), id="forge_verdict_through_send"),
     pytest.param(COMPARE_REPLACED, ("incorrect",), id="compare_outputs_replaced"),
     pytest.param(GELU_AS_RELU, ("incorrect",), id="dispatcher_gelu_as_relu"),
 ])
@@ -119,6 +119,8 @@ def test_a_candidate_cannot_reach_what_judges_it(ev, source, expect):
     r = ev.evaluate(GELU, source, config=CHECK)
     assert r.status in expect and not r.correct, (r.status, r.error)
     assert r.speedup is None
+    if source is FORGE_THROUGH_SEND:  # a message the harness never sends: the candidate wrote it
+        assert "tampering" in r.flags, r.flags
     honest_after(ev)
 
 
