@@ -81,3 +81,37 @@ def kill_and_wait(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
+
+
+def freeze_tree(pid: int) -> list[Any]:
+    """SIGSTOP ``pid`` and every descendant, repeating until no new process appears (a process that forks
+    while the first pass runs is caught by the next). Returns the processes to hand to ``thaw``."""
+    import psutil
+
+    stopped: dict[int, Any] = {}
+    for _ in range(8):
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            break
+        fresh = [p for p in procs if p.pid not in stopped]
+        if not fresh:
+            break
+        for proc in fresh:
+            try:
+                proc.suspend()
+                stopped[proc.pid] = proc
+            except psutil.Error:
+                pass
+    return list(stopped.values())
+
+
+def thaw(procs: list[Any]) -> None:
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.resume()
+        except psutil.Error:
+            pass

@@ -5,7 +5,8 @@ A ``load_inline`` build takes nvcc tens of seconds; each runner is new, so witho
 evaluation of a CUDA candidate would rebuild. The runner never sees the cache: before it loads a
 candidate, the judge copies in the entry for that candidate's source hash (and nothing else), and
 after a load that built something the judge copies the runner's build folder out under the same
-hash. An entry counts only once its ``complete`` marker is written after the copy, so a half-written
+hash, once the runner is dead (nothing can change the folder mid-copy), regular files only. An
+entry counts only once its ``complete`` marker is written after the copy, so a half-written
 one (a judge killed mid-copy) is rebuilt, never loaded. What a candidate leaves in its own build
 folder can only ever reach later evaluations of the very same source.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 MARKER = "complete"
@@ -43,7 +45,8 @@ def restore(source: str, runner_ext: Path) -> bool:
 
 
 def keep(source: str, runner_ext: Path) -> None:
-    """After a load: keep what the runner built for ``source`` (regular files only; nothing if empty)."""
+    """After a runner is dead: keep what it built for ``source``. Regular files only, opened without
+    following links (a link planted to a file of the judge's would otherwise be copied in)."""
     root = _root()
     if root is None or not runner_ext.is_dir() or not any(runner_ext.iterdir()):
         return
@@ -53,10 +56,28 @@ def keep(source: str, runner_ext: Path) -> None:
     staging = root / f".{entry.name}.{os.getpid()}.tmp"
     try:
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(runner_ext, staging / "ext", symlinks=True,
-                        ignore=lambda d, names: [n for n in names if os.path.islink(os.path.join(d, n))])
+        _copy_regular_files(runner_ext, staging / "ext")
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
         (entry / MARKER).write_text("ok")
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _copy_regular_files(src: Path, dst: Path) -> None:
+    for folder, dirs, files in os.walk(src, followlinks=False):
+        rel = Path(folder).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # a link, or gone
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    continue
+                with open(dst / rel / name, "wb") as out:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+            shutil.copystat(path, dst / rel / name, follow_symlinks=False)

@@ -169,7 +169,12 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds")}
-            runner.kill()
+            # A build is kept only once the runner is dead: nothing can change its folder while it is copied.
+            keep = bool(result.get("compiled")) and not result.get("build_cached")
+            runner.kill(keep_scratch=keep)
+            if keep:
+                build_cache.keep(job["source"], runner.scratch / "ext")
+                shutil.rmtree(runner.scratch, ignore_errors=True)
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -220,8 +225,6 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                        timeout=deadline - time.monotonic(), calibration_seeds=[])
         result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext")
         runner.load(job["source"], seed, timeout=deadline - time.monotonic())
-        if not result["build_cached"]:
-            build_cache.keep(job["source"], runner.scratch / "ext")
         result["compiled"] = True
     stages["load"] = time.perf_counter() - t0
 
@@ -275,8 +278,9 @@ def _calibrate(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model:
     spare.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                   timeout=deadline - time.monotonic(), calibration_seeds=[0])
     seeds = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)]
-    calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                       timeout=deadline - time.monotonic())
+    with runner.frozen():
+        calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
+                           timeout=deadline - time.monotonic())
     runner.overhead_ms, runner.overhead_spread_ms = spare.overhead_ms, spare.overhead_spread_ms
 
 

@@ -8,6 +8,7 @@ Every wait on a runner has a deadline: a hung or dead runner becomes a verdict, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,7 +256,19 @@ class RunnerProcess:
                          backends=[str(b) for b in msg.get("backends") or []][:4],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
-    def kill(self) -> None:
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The runner and everything it started stopped (SIGSTOP) for the duration: nothing of the candidate
+        competes for the CPU with the baseline or with a calibration (a candidate that left busy children
+        running during the spare's calibration widened the envelope's tolerance 5-fold and hid 3 ms a call).
+        Work it queued on the GPU before is not stopped: see docs/integrity.md."""
+        procs = sandbox.freeze_tree(self.pid)
+        try:
+            yield
+        finally:
+            sandbox.thaw(procs)
+
+    def kill(self, keep_scratch: bool = False) -> None:
         if self.proc is not None:
             sandbox.kill_and_wait(self.proc)
             streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]
@@ -276,7 +290,8 @@ class RunnerProcess:
                     stream.close()
             except OSError:
                 pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if not keep_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
 
 

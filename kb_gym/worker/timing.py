@@ -14,6 +14,7 @@ and flagged ``side_stream``. Every timed output is checked against the baseline'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -177,7 +178,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
             if side == 0:
                 if timed_base:
-                    outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref)
+                    with runner.frozen() if runner is not None else contextlib.nullcontext():
+                        outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref)
                 elif runner is not None:  # a cached baseline: its outputs still check the candidate's
                     with torch.no_grad():
                         outs[0] = ref_model(*make_inputs(ref_mod, seed, device, dtype))
