@@ -10,7 +10,7 @@ from kb_gym.fidelity import CASES, KERNELS
 from kb_gym.worker.clock import CacheFlusher, median_ci, timed_call
 from kb_gym.worker.inputs import init_model, make_inputs
 from kb_gym.worker.loading import load_module
-from kb_gym.worker.runner_client import RunnerPool
+from kb_gym.worker.runner_pool import RunnerPool
 from kb_gym.worker.tensors import host_bytes
 
 dev = torch.device("cuda:0")

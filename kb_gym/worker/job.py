@@ -29,7 +29,8 @@ from kb_gym.worker.correctness import TrialSetup, run_trials
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
-from kb_gym.worker.runner_client import RunnerPool, RunnerProcess
+from kb_gym.worker.runner_client import RunnerProcess
+from kb_gym.worker.runner_pool import RunnerPool
 from kb_gym.worker.timing import PairedTiming, calibrate_overhead, time_pair
 
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)

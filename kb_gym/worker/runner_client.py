@@ -1,18 +1,15 @@
-"""The judge's side of a runner: start pristine spares, hand one a candidate, read what it sends, kill it.
+"""The judge's side of one runner: start it, hand it a candidate, read what it sends, kill it.
 
 A runner is used for one candidate and then killed with everything it started (its PID namespace
-goes with it). While one candidate is evaluated the next runner is already starting, so the
-start-up (interpreter, torch, CUDA context) is hidden behind the evaluation instead of paid by it.
-Every wait on a runner has a deadline: a hung or dead runner becomes a verdict, never a hung judge.
+goes with it); runner_pool.py keeps the next one ready. Every wait on a runner has a deadline: a hung
+or dead runner becomes a verdict, never a hung judge.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,7 +75,7 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
-    def __init__(self, device: str, scratch_root: Path, zygote: Zygote | None = None) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: Any = None) -> None:
         self.device = device
         self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
         self.torch_device = torch.device(device)
@@ -312,73 +309,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _zygote_env(device: str, home: Path) -> dict[str, str]:
-    env = runner_env(device, home)
-    # torch.cuda.is_available() through NVML: a driver initialised here would be unusable in every child.
-    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    return env
-
-
-class Zygote:
-    """The judge's handle on its zygote (zygote.py): started once, forks each runner."""
-
-    def __init__(self, device: str, scratch_root: Path) -> None:
-        from kb_gym.workers import LogDrain
-
-        home = Path(tempfile.mkdtemp(prefix="zygote_", dir=scratch_root))
-        ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "kb_gym.worker.zygote", "--fd", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=_zygote_env(device, home), start_new_session=True,
-                                     cwd=str(home))
-        theirs.close()
-        self.sock = ours
-        self.reader = MessageReader(ours.fileno())
-        self.drain = LogDrain(self.proc.stderr)
-        self.drain.start()
-        self.ready = False
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        if self.ready:
-            return
-        try:
-            msg = self.reader.read(timeout)
-        except ProtocolError:
-            msg = None
-        if msg is None or msg.get("type") != "ready":
-            self.close()
-            raise StageError("crash", f"the runner zygote failed to start: {self.drain.text_since(0)[-1500:]}")
-        self.ready = True
-
-    def spawn(self, device: str, scratch: str, env: dict[str, str], namespaces: bool, fds: list[int]) -> int:
-        self.wait_ready()
-        fixed = Path(scratch).parent / "runner"
-        fixed.mkdir(exist_ok=True)
-        request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces,
-                   "fixed_scratch": str(fixed)}
-        try:
-            socket.send_fds(self.sock, [json.dumps(request).encode() + b"\n"], fds)
-            reply = self.reader.read(30.0)
-        except (OSError, ProtocolError) as exc:
-            self.close()
-            raise StageError("crash", f"the runner zygote is gone ({exc})") from None
-        if not reply or reply.get("type") != "spawned":
-            self.close()
-            raise StageError("crash", f"the runner zygote did not fork a runner: {reply!r}")
-        return int(reply["pid"])
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        sandbox.kill_and_wait(self.proc)
-
-
 def reap_orphans() -> None:
     """Collect exited processes re-parented to this one: the judge is the first process of its PID
     namespace, so a runner whose ``unshare`` parent was killed becomes its child. Only zombies are
@@ -394,90 +324,3 @@ def reap_orphans() -> None:
                     pass
     except Exception:  # noqa: BLE001 - psutil missing or a process vanished mid-walk
         pass
-
-
-class RunnerPool:
-    """A pristine spare per judge: ``take()`` hands it out and starts the next one at once.
-
-    Spares are forked by the judge's zygote; where it cannot start (KB_GYM_ZYGOTE=0 turns it off) each
-    runner is a fresh interpreter instead."""
-
-    def __init__(self, device: str, scratch_root: Path) -> None:
-        self.device = device
-        self.scratch_root = scratch_root
-        self.spare: RunnerProcess | None = None
-        self.started = 0
-        self.zygote: Zygote | None = None
-        self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
-        self.zygote_error = ""
-
-    def _zygote(self) -> Zygote | None:
-        if self.zygote_failed:
-            return None
-        if self.zygote is not None and not self.zygote.alive:
-            self.zygote.close()
-            self.zygote = None
-        if self.zygote is None:
-            self.zygote = Zygote(self.device, self.scratch_root)
-        try:
-            self.zygote.wait_ready()
-        except StageError as exc:
-            self.zygote, self.zygote_failed, self.zygote_error = None, True, exc.message[:1000]
-        return self.zygote
-
-    def prestart(self) -> None:
-        if self.spare is None or not self.spare.alive:
-            if self.spare is not None:
-                self.spare.kill()
-            try:
-                self.spare = RunnerProcess(self.device, self.scratch_root, self._zygote())
-            except StageError:  # the zygote died between its check and the fork: a fresh interpreter instead
-                self.zygote, self.zygote_failed = None, True
-                self.spare = RunnerProcess(self.device, self.scratch_root)
-            self.started += 1
-
-    def take(self) -> RunnerProcess:
-        self.prestart()
-        runner, self.spare = self.spare, None
-        try:
-            runner.wait_ready()
-        except StageError as exc:
-            if runner.forked:  # forked runners do not start here: fresh interpreters from now on
-                self.zygote_error = exc.message[:1000]
-                self.zygote_failed = True
-                if self.zygote is not None:
-                    self.zygote.close()
-                    self.zygote = None
-            elif self.device not in _READS_BREAK_CUDA:
-                raise
-            runner = RunnerProcess(self.device, self.scratch_root, self._zygote())  # again, differently
-            self.started += 1
-            runner.wait_ready()
-        self.prestart()
-        return runner
-
-    def settle(self, timeout: float) -> None:
-        """Let the spare finish starting before a timing loop: a process importing torch beside the
-        loop would take CPU time from the host side of every timed call."""
-        if self.spare is not None and not self.spare.ready:
-            try:
-                self.spare.wait_ready(timeout=max(1.0, time.monotonic() - self.spare.started + timeout))
-            except StageError:
-                self.spare = None  # it failed to start: the next take() starts another
-
-    def pristine(self) -> RunnerProcess | None:
-        """The spare, up and never given a candidate (for measurements that must not run beside one)."""
-        try:
-            self.prestart()
-            self.spare.wait_ready()
-        except StageError:
-            self.spare = None
-        return self.spare
-
-    def close(self) -> None:
-        if self.spare is not None:
-            self.spare.kill()
-            self.spare = None
-        if self.zygote is not None:
-            self.zygote.close()
-            self.zygote = None
