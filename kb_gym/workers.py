@@ -20,6 +20,7 @@ from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, Protocol
 LOG_TAIL_BYTES = 16 * 1024
 STARTUP_TIMEOUT = 300.0
 POLL_SECONDS = 0.25
+JUDGE_GRACE = 10.0  # seconds past a stage's limit before the judge itself is taken for hung
 
 
 class WorkerDied(RuntimeError):
@@ -227,7 +228,8 @@ class WorkerHandle:
         except OSError as exc:
             return self._fail("crash", f"could not send the job to the worker ({exc})", mark, stage)
         while True:
-            limit = stage_limits.get(stage, 300.0)
+            # The judge ends a runner's overrun itself a little before the limit; this is the backstop.
+            limit = stage_limits.get(stage, 300.0) + JUDGE_GRACE
             remaining = stage_started + limit - time.monotonic()
             if remaining <= 0:
                 return self._fail("timeout", f"the {stage} stage exceeded its {limit:g} s limit", mark, stage)

@@ -255,34 +255,39 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         return
     _stage(ctx, state, "timing")
     t0 = time.perf_counter()
+    state["timing_deadline"] = _deadline(cfg, "timing")  # settling, calibration and the loop share it
     if ctx.pool is not None:
-        ctx.pool.settle(timeout=max(1.0, 0.5 * float(cfg.get("timing_timeout", 180.0))))
+        ctx.pool.settle(timeout=max(1.0, 0.25 * (state["timing_deadline"] - time.monotonic())))
     result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0
     if state.get("runner") is not None:
-        _calibrate(ctx, job, ref_mod, ref_model, state["runner"], dtype)
+        _calibrate(ctx, job, ref_mod, ref_model, state["runner"], dtype, state["timing_deadline"])
     _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state)
     stages["timing"] = time.perf_counter() - t0
 
 
 def _calibrate(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
-               dtype: torch.dtype) -> None:
+               dtype: torch.dtype, deadline: float) -> None:
     """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
     a fork of the same zygote that has run no candidate code, through the same path, under the device
     lock and right before the loop, interleaved with baseline calls as the loop is. The spare stays
     pristine (it ran the reference only) and is handed to the next candidate as usual."""
     cfg = job["config"]
     seed = int(job["seed"])
-    deadline = _deadline(cfg, "timing")
     spare = ctx.pool.pristine() if ctx.pool is not None else None
     if spare is None:
         return  # no spare could start: the envelope check runs with the pipe's round trip alone
-    spare.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                  timeout=deadline - time.monotonic(), calibration_seeds=[0])
     seeds = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)]
-    with runner.frozen():
-        calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                           timeout=deadline - time.monotonic())
+    try:
+        spare.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
+                      timeout=deadline - time.monotonic(), calibration_seeds=[0])
+        with runner.frozen():
+            calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
+                               timeout=0.5 * (deadline - time.monotonic()))
+    except StageError:  # the spare's failure is not the candidate's: no envelope verdict this time
+        ctx.pool.discard_spare()
+        return
     runner.overhead_ms, runner.overhead_spread_ms = spare.overhead_ms, spare.overhead_spread_ms
+    runner.calibrated = True
 
 
 def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,
@@ -315,7 +320,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             cmp = judge(ctx.device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
         return None if cmp.ok else cmp.reason
 
-    deadline = _deadline(cfg, "timing")
+    deadline = state.get("timing_deadline") or _deadline(cfg, "timing")
 
     def call_timeout() -> float:
         left = deadline - time.monotonic()

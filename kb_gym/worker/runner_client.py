@@ -83,6 +83,7 @@ class RunnerProcess:
         self.rtt_ms = 0.0
         self.overhead_ms = 0.0  # the judge's clock minus the events, per call, measured while pristine
         self.overhead_spread_ms = 0.0  # its median absolute deviation
+        self.calibrated = False  # set once the overhead was measured on a pristine runner
         self.stage = "load"
         self.started = time.monotonic()
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges

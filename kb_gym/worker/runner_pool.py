@@ -159,6 +159,11 @@ class RunnerPool:
             except StageError:
                 self.spare = None  # it failed to start: the next take() starts another
 
+    def discard_spare(self) -> None:
+        if self.spare is not None:
+            self.spare.kill()
+            self.spare = None
+
     def pristine(self) -> RunnerProcess | None:
         """The spare, up and never given a candidate (for measurements that must not run beside one)."""
         try:

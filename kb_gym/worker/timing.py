@@ -60,6 +60,7 @@ class PairedTiming:
     overhead_ms: float
     overhead_spread_ms: float
     device_kind: str
+    calibrated: bool = True
     mismatch: str | None = None
     seconds: float = 0.0
     launches: int = 0
@@ -87,7 +88,7 @@ class PairedTiming:
         tolerance = max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5),
                         SPREAD_FACTOR * self.overhead_spread_ms,
                         OVERHEAD_SHARE.get(self.device_kind, 0.1) * self.overhead_ms)
-        hidden = excess > tolerance
+        hidden = self.calibrated and excess > tolerance  # uncalibrated (no spare): reported, not counted
         cand = [c + excess for c in self.cand.event_ms] if hidden else list(self.cand.event_ms)
         med, lo, hi = median_ci(cand)
         if cached_ref is None:
@@ -100,6 +101,7 @@ class PairedTiming:
                    host_runtime_ms=median_ci(self.cand.host_ms)[0] if self.cand.host_ms else None,
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": self.overhead_ms, "overhead_spread_ms": self.overhead_spread_ms,
+                             "calibrated": self.calibrated,
                              "counted": hidden})
         return out
 
@@ -152,7 +154,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     rtt = runner.rtt_ms if runner is not None else 0.0
     overhead = runner.overhead_ms if runner is not None else 0.0
     spread = runner.overhead_spread_ms if runner is not None else 0.0
-    timing = PairedTiming(ref, cand, 0, rtt, overhead, spread, device.type)
+    timing = PairedTiming(ref, cand, 0, rtt, overhead, spread, device.type,
+                          calibrated=runner.calibrated if runner is not None else True)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
