@@ -88,3 +88,24 @@ class EvalConfig:
 
     def replace(self, **changes: Any) -> EvalConfig:
         return dataclasses.replace(self, **changes)
+
+
+# Named starting points for EvalConfig (``Evaluator(config="rl")``, ``EvalConfig.preset("rl")``).
+# "rl": for training loops, where thousands of candidates meet the same problems. The baseline is
+# timed interleaved once per problem and hardware (and numerics, torch and Triton versions: the cache
+# key) and then reused from the cache with its interval; timing stops at a 2% interval or 60 pairs or
+# 5 s; correctness keeps its 5 trials (fewer would let the hard-coded-answer and fp16 attacks through
+# more often: docs/integrity.md); candidates that fail correctness are never timed (as always).
+# Its trade-offs are to be measured on the GPU (docs/benchmarks.md): not yet done.
+CONFIG_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "rl": {"reuse_cached_baseline": True, "timing_target_rel_ci": 0.02, "timing_min_reps": 10,
+           "timing_max_reps": 60, "timing_max_seconds": 5.0, "timing_warmup": 2},
+}
+
+
+def config_preset(name: str, **overrides: Any) -> EvalConfig:
+    """The EvalConfig a preset names, with keyword overrides on top."""
+    if name not in CONFIG_PRESETS:
+        raise ValueError(f"unknown config preset {name!r}; known: {sorted(CONFIG_PRESETS)}")
+    return EvalConfig(**{**CONFIG_PRESETS[name], **overrides})

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.baseline_cache import BaselineCache, baseline_key
-from kb_gym.config import EvalConfig
+from kb_gym.config import EvalConfig, config_preset
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
@@ -72,7 +72,9 @@ class Evaluator:
 
     Args:
         devices: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:0"`` or a list; one worker per device.
-        config: an EvalConfig; keyword overrides (``trials=3``, ``baseline="compile"``) apply on top.
+        config: an EvalConfig, or a preset's name (``"rl"``: the baseline timed once per problem and
+            reused from the cache, a looser timing budget; see config.CONFIG_PRESETS); keyword
+            overrides (``trials=3``, ``baseline="compile"``) apply on top.
         results_path: JSONL file every result is appended to; None = the default under the user
             cache folder, False = do not record.
         baseline_cache: a BaselineCache, None = the default file, False = none.
@@ -81,10 +83,12 @@ class Evaluator:
             turns on the device itself: correctness and timing never overlap on one device.
     """
 
-    def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | None = None, *,
+    def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | str | None = None, *,
                  results_path: str | os.PathLike | None | bool = None,
                  baseline_cache: BaselineCache | None | bool = None, workers_per_device: int = 1,
                  **overrides: Any) -> None:
+        if isinstance(config, str):  # a named preset: "default", "rl" (config.CONFIG_PRESETS)
+            config = config_preset(config)
         self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
         self.devices = resolve_devices(devices)
         if results_path is False:

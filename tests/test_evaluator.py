@@ -389,3 +389,19 @@ def test_device_names_mean_the_same_in_strings_and_lists(monkeypatch):
     assert evaluator.resolve_devices("auto") == ["cpu"]
     with pytest.raises(ValueError, match="no CUDA GPU"):
         Evaluator(["cuda"], results_path=False)
+
+
+def test_the_rl_preset_times_the_baseline_once_per_problem(relu, tmp_path):
+    from kb_gym.baseline_cache import BaselineCache
+    from kb_gym.config import config_preset
+
+    with pytest.raises(ValueError, match="unknown config preset"):
+        config_preset("fast")
+    cache = BaselineCache(tmp_path / "baselines.json")
+    with Evaluator("cpu", config="rl", results_path=False, baseline_cache=cache) as ev:
+        assert ev.config.reuse_cached_baseline and ev.config.timing_max_reps == 60
+        first = ev.evaluate(relu, as_candidate(relu))
+        second = ev.evaluate(relu, as_candidate(relu))
+    assert first.status == second.status == "correct", (first.error, second.error)
+    assert not first.baseline_cached and second.baseline_cached
+    assert second.ref_runtime_ms == first.ref_runtime_ms and second.timing_reps <= 60
