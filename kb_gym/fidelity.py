@@ -45,6 +45,56 @@ def get_init_inputs():
     return Problem(id=0, name=name, level=1, code=code)
 
 
+LINEAR_RELU = Problem(id=0, name="linear_relu", level=2, code='''import torch
+import torch.nn as nn
+
+M, K, N = 4096, 4096, 4096
+
+
+class Model(nn.Module):
+    """relu(x @ W^T + b)."""
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+def get_inputs():
+    return [torch.randn(M, K)]
+
+
+def get_init_inputs():
+    return [K, N]
+''')
+
+CONV_RELU_BIAS = Problem(id=0, name="conv_relu_bias", level=2, code='''import torch
+import torch.nn as nn
+
+BATCH, C_IN, C_OUT, SIZE = 32, 64, 128, 128
+
+
+class Model(nn.Module):
+    """relu(conv2d(x)) plus a bias per output channel."""
+    def __init__(self, in_channels, out_channels, kernel_size):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(out_channels))
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) + self.bias.view(1, -1, 1, 1)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, C_IN, SIZE, SIZE)]
+
+
+def get_init_inputs():
+    return [C_IN, C_OUT, 3]
+''')
+
+
 @dataclass
 class FidelityCase:
     name: str
@@ -65,6 +115,8 @@ CASES = [
                  "fidelity/scale_bias_cuda.py"),
     FidelityCase("softsign_8192x65536_triton",
                  _problem("softsign", "x / (1 + torch.abs(x))", "torch.randn(8192, 65536)"), "softsign_triton.py"),
+    FidelityCase("linear_relu_4096", LINEAR_RELU, "fidelity/linear_relu.py"),
+    FidelityCase("conv3x3_relu_bias_32x64x128x128", CONV_RELU_BIAS, "fidelity/conv_relu_bias.py"),
     FidelityCase("softsign_8192x65536_cuda",
                  _problem("softsign", "x / (1 + torch.abs(x))", "torch.randn(8192, 65536)"), "softsign_cuda.py"),
 ]
