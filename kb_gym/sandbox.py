@@ -83,35 +83,57 @@ def kill_and_wait(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         pass
 
 
-def freeze_tree(pid: int) -> list[Any]:
-    """SIGSTOP ``pid`` and every descendant, repeating until no new process appears (a process that forks
-    while the first pass runs is caught by the next). Returns the processes to hand to ``thaw``."""
-    import psutil
-
-    stopped: dict[int, Any] = {}
-    for _ in range(8):
+def _descendants(pid: int) -> list[int] | None:
+    """``pid``'s descendants from /proc/<pid>/task/<tid>/children (only its own subtree is read: cheap
+    beside a scan of every process); None where the kernel does not provide the files."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
         try:
-            root = psutil.Process(pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            break
-        fresh = [p for p in procs if p.pid not in stopped]
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as fh:
+                    kids = [int(x) for x in fh.read().split()]
+            except FileNotFoundError:
+                return None if current == pid else found
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def freeze_tree(pid: int) -> list[int]:
+    """SIGSTOP ``pid`` and every descendant, repeating until no new process appears (a process that forks
+    while the first pass runs is caught by the next). Returns the pids to hand to ``thaw``."""
+    stopped: set[int] = set()
+    for _ in range(8):
+        tree = _descendants(pid)
+        if tree is None:  # no children files: psutil's scan of every process instead
+            try:
+                import psutil
+
+                tree = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+            except Exception:  # noqa: BLE001 - gone
+                tree = []
+        fresh = [p for p in (pid, *tree) if p not in stopped]
         if not fresh:
             break
-        for proc in fresh:
+        for target in fresh:
             try:
-                proc.suspend()
-                stopped[proc.pid] = proc
-            except psutil.Error:
+                os.kill(target, signal.SIGSTOP)
+                stopped.add(target)
+            except (ProcessLookupError, PermissionError):
                 pass
-    return list(stopped.values())
+    return sorted(stopped)
 
 
-def thaw(procs: list[Any]) -> None:
-    import psutil
-
-    for proc in procs:
+def thaw(pids: list[int]) -> None:
+    for target in pids:
         try:
-            proc.resume()
-        except psutil.Error:
+            os.kill(target, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
             pass
