@@ -43,14 +43,14 @@ def diagnose(name: str) -> None:
     rows["fresh + 50 ms idle"] = med(idle)
     pool = RunnerPool("cuda:0", Path(tempfile.mkdtemp()))
     runner = pool.take()
-    runner.prepare(case.problem.code, 0, "fp32", False, 60, [])
+    runner.prepare(case.problem.code, 0, "fp32", False, 60)
     runner.load((KERNELS / case.kernel).read_text(), 0, 120)
     for i in range(3):
         runner.call(400 + i, timeout=60, byte_limit=1 << 40, timed=True)
     replies = [runner.call(500 + i, timeout=60, byte_limit=1 << 40, timed=True) for i in range(20)]
     rows["runner events"] = median_ci([r.event_ms for r in replies])[0]
     rows["runner envelope"] = median_ci([r.envelope_ms for r in replies])[0]
-    pool.settle(30)
+    pool.pristine(30)
     replies = [runner.call(600 + i, timeout=60, byte_limit=1 << 40, timed=True) for i in range(20)]
     rows["runner events, spare settled"] = median_ci([r.event_ms for r in replies])[0]
     runner.kill()

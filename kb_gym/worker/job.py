@@ -31,8 +31,9 @@ from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_pool import RunnerPool
-from kb_gym.worker.timing import PairedTiming, calibrate_overhead, time_pair
+from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, time_pair
 
+CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
 SOL_MARGIN = 0.75  # the speed-of-light floor is this share of the ideal time: no honest kernel is flagged
@@ -50,6 +51,9 @@ class WorkerContext:
         self.flusher = CacheFlusher(self.device)
         self.jobs_done = 0
         self.compiled_baselines: dict[str, Any] = {}
+        # (problem code, numerics) -> (time.monotonic() measured, Calibration): one spare calibration serves
+        # every candidate of a problem for CALIBRATION_TTL_S (an RL batch meets each problem many times)
+        self.calibrations: dict[tuple[str, str, bool], tuple[float, Calibration]] = {}
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
@@ -166,7 +170,9 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     finally:
         runner = state.pop("runner", None)
         if runner is not None:
-            result["runner"] = {"rtt_ms": runner.rtt_ms, "overhead_ms": runner.overhead_ms, "forked": runner.forked,
+            calibration = state.get("calibration")
+            result["runner"] = {"rtt_ms": runner.rtt_ms, "forked": runner.forked,
+                                "overhead_ms": calibration.overhead_ms if calibration else None,
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds")}
@@ -223,7 +229,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner = ctx.pool.take()
         state["runner"] = runner
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                       timeout=deadline - time.monotonic(), calibration_seeds=[])
+                       timeout=deadline - time.monotonic())
         result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext")
         runner.load(job["source"], seed, timeout=deadline - time.monotonic())
         result["compiled"] = True
@@ -255,39 +261,47 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         return
     _stage(ctx, state, "timing")
     t0 = time.perf_counter()
-    state["timing_deadline"] = _deadline(cfg, "timing")  # settling, calibration and the loop share it
-    if ctx.pool is not None:
-        ctx.pool.settle(timeout=max(1.0, 0.25 * (state["timing_deadline"] - time.monotonic())))
+    deadline = _deadline(cfg, "timing")  # settling, calibration and the loop share it
+    # The spare finishes starting before the loop: a process importing torch beside it would take CPU
+    # time from the host side of every timed call.
+    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
     result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0
     if state.get("runner") is not None:
-        _calibrate(ctx, job, ref_mod, ref_model, state["runner"], dtype, state["timing_deadline"])
-    _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state)
+        state["calibration"] = _calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype, deadline)
+    _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     stages["timing"] = time.perf_counter() - t0
 
 
-def _calibrate(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
-               dtype: torch.dtype, deadline: float) -> None:
+def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
+                 spare: RunnerProcess | None, dtype: torch.dtype, deadline: float) -> Calibration | None:
     """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
     a fork of the same zygote that has run no candidate code, through the same path, under the device
-    lock and right before the loop, interleaved with baseline calls as the loop is. The spare stays
-    pristine (it ran the reference only) and is handed to the next candidate as usual."""
+    lock and right before the loop, interleaved with baseline calls as the loop is, the candidate's
+    runner frozen meanwhile. The spare stays pristine (it ran the reference only) and is handed to the
+    next candidate as usual. Reused for the same problem for CALIBRATION_TTL_S. None where no spare
+    could measure it: the envelope is then reported, not charged."""
     cfg = job["config"]
-    seed = int(job["seed"])
-    spare = ctx.pool.pristine() if ctx.pool is not None else None
+    tf32 = bool(cfg.get("tf32", False))
+    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32)
+    kept = ctx.calibrations.get(key)
+    if kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
+        return kept[1]
     if spare is None:
-        return  # no spare could start: the envelope check runs with the pipe's round trip alone
+        return None
+    seed = int(job["seed"])
     seeds = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)]
     try:
-        spare.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                      timeout=deadline - time.monotonic(), calibration_seeds=[0])
+        spare.prepare(job["problem_code"], seed, cfg["precision"], tf32, timeout=deadline - time.monotonic(),
+                      reference_model=True)
         with runner.frozen():
-            calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                               timeout=0.5 * (deadline - time.monotonic()))
+            calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
+                                             timeout=0.5 * (deadline - time.monotonic()))
     except StageError:  # the spare's failure is not the candidate's: no envelope verdict this time
         ctx.pool.discard_spare()
-        return
-    runner.overhead_ms, runner.overhead_spread_ms = spare.overhead_ms, spare.overhead_spread_ms
-    runner.calibrated = True
+        return None
+    if calibration is not None:
+        ctx.calibrations[key] = (time.monotonic(), calibration)
+    return calibration
 
 
 def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,
@@ -304,14 +318,13 @@ def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
 
 
 def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess | None,
-            dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> None:
+            dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any],
+            deadline: float) -> None:
     cfg = job["config"]
     baseline_fn = ref_model
     if cfg["baseline"] == "compile":
         baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
     cached = job.get("cached_baseline") if runner is not None else None
-    if runner is not None and "byte_limit" not in state:
-        state["byte_limit"] = 1 << 30
 
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
         cmp = compare_outputs(cand_out, ref_out, atol, rtol)
@@ -319,8 +332,6 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             inputs = make_inputs(ref_mod, seed, ctx.device, dtype)
             cmp = judge(ctx.device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
         return None if cmp.ok else cmp.reason
-
-    deadline = state.get("timing_deadline") or _deadline(cfg, "timing")
 
     def call_timeout() -> float:
         left = deadline - time.monotonic()
@@ -335,7 +346,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
             max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
-            byte_limit=state.get("byte_limit", 1 << 30))
+            byte_limit=state.get("byte_limit", 1 << 30), calibration=state.get("calibration"))
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message

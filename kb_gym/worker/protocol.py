@@ -74,34 +74,22 @@ class MessageReader:
             raise ProtocolError("worker wrote a non-object message")
         return message
 
+    def read_bytes(self, nbytes: int, timeout: float | None) -> bytearray:
+        """The ``nbytes`` raw bytes that follow a message (tensors: a description, then their bytes)."""
+        out = bytearray(nbytes)
+        view = memoryview(out)
+        got = min(nbytes, len(self._buffer))
+        view[:got] = self._buffer[:got]
+        self._buffer = self._buffer[got:]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while got < nbytes:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if not ready:
+                raise ProtocolError(f"payload stalled after {got} of {nbytes} bytes")
+            n = os.readv(self.fd, [view[got:got + (1 << 24)]])
+            if n == 0:
+                raise ProtocolError("the other side closed its pipe mid-payload")
+            got += n
+        return out
 
-def write_payload(fd: int, message: dict[str, Any], blobs: list[bytes | memoryview]) -> None:
-    """A message followed by raw bytes (``message["payload_bytes"]`` of them): tensors cross the pipe
-    as their bytes plus a description, never as pickles."""
-    write_message(fd, {**message, "payload_bytes": sum(len(b) for b in blobs)})
-    for blob in blobs:
-        view = memoryview(blob).cast("B")
-        while len(view):
-            written = os.write(fd, view)
-            view = view[written:]
-
-
-def read_exact(reader: MessageReader, nbytes: int, timeout: float | None) -> bytearray:
-    """The ``nbytes`` raw bytes that follow a payload message (what the reader buffered first)."""
-    out = bytearray(nbytes)
-    view = memoryview(out)
-    take = min(nbytes, len(reader._buffer))
-    view[:take] = reader._buffer[:take]
-    reader._buffer = reader._buffer[take:]
-    got = take
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while got < nbytes:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([reader.fd], [], [], remaining)
-        if not ready:
-            raise ProtocolError(f"payload stalled after {got} of {nbytes} bytes")
-        n = os.readv(reader.fd, [view[got:got + (1 << 24)]])
-        if n == 0:
-            raise ProtocolError("the other side closed its pipe mid-payload")
-        got += n
-    return out

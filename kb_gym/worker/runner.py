@@ -8,7 +8,7 @@ inputs from them, runs ``ModelNew`` and hands back plain tensors and its own eve
 the judge checks against its own clock. Everything here can be rewritten by the candidate; nothing
 here has to be trusted.
 
-Sandbox (set up here, before torch is imported): fresh PID, network and mount namespaces from the
+Sandbox (set up in serve(), before any candidate code): fresh PID, network and mount namespaces from the
 judge's ``unshare`` prefix, a private size-limited /dev/shm, Landlock allowing writes only in the
 scratch folder (and the GPU's device files) and reads only of the Python installation and system
 folders (not the results store, the caches, /tmp or home folders), seccomp refusing new sockets and
@@ -27,7 +27,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from kb_gym.worker.clock import CacheFlusher, timed_call
+from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
+from kb_gym.worker.landlock import restrict_writes
+from kb_gym.worker.launches import LaunchCounter
+from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
+from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
+from kb_gym.worker.seccomp import deny_sockets_and_ptrace
+from kb_gym.worker.tensors import commitment, describe, flatten_plain, host_bytes
 
 SHM_MB = 64
 
@@ -61,8 +71,6 @@ def _confine(scratch: Path, device: str) -> dict[str, Any]:
     mode = os.environ.get("KB_GYM_LANDLOCK", "auto").lower()
     if mode in ("0", "off"):
         return {"landlock": 0}
-    from kb_gym.worker.landlock import restrict_writes
-
     reads = None if os.environ.get("KB_GYM_RUNNER_READS", "1") == "0" else _readable_roots()
     writable = [str(scratch), f"/proc/{os.getpid()}", "/dev/shm"]
     writable += ["/dev"] if device != "cpu" else ["/dev/null"]
@@ -82,12 +90,6 @@ class Runner:
     """The commands a runner answers: ping, load, call, timed."""
 
     def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any) -> None:
-        import torch
-
-        from kb_gym.worker.clock import CacheFlusher
-        from kb_gym.worker.launches import LaunchCounter
-
-        self.torch = torch
         self.device = torch.device(device)
         self.scratch = scratch
         self.send = send
@@ -119,12 +121,8 @@ class Runner:
     def _prepare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The problem alone, while this runner is still pristine: its inputs, and the reference model
         for the calls that measure this process's own per-call overhead before any candidate code runs."""
-        from kb_gym.worker.inputs import DTYPES, init_model
-        from kb_gym.worker.loading import load_module, trim_traceback
-
-        torch = self.torch
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(msg.get("tf32"))
-        self.numerics = _numerics(torch)
+        self.numerics = _numerics()
         self.dtype = DTYPES[msg["precision"]]
         ref_path = self.scratch / "reference.py"
         ref_path.write_text(msg["problem_code"])
@@ -140,9 +138,6 @@ class Runner:
         return {"type": "prepared", "status": "ok"}
 
     def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from kb_gym.worker.inputs import init_inputs_of, init_model
-        from kb_gym.worker.loading import StageError, check_signature, load_module, trim_traceback
-
         self.ref_model = None  # candidate code runs from here on: nothing measured here is trusted again
         cand_path = self.scratch / "candidate.py"
         cand_path.write_text(msg["source"])
@@ -169,12 +164,6 @@ class Runner:
         return {"type": "loaded", "status": "ok"}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
-        from kb_gym.worker.clock import timed_call
-        from kb_gym.worker.inputs import clone_inputs, make_inputs
-        from kb_gym.worker.loading import sticky_cuda_error, trim_traceback
-        from kb_gym.worker.tensors import commitment, describe, flatten_plain
-
-        torch = self.torch
         reference = msg.get("target") == "reference"
         model = self.ref_model if reference else self.model
         if model is None:
@@ -206,10 +195,10 @@ class Runner:
             if "forward returned" in str(exc):
                 self.send({"type": "error", "status": "incorrect", "error": str(exc)})
                 return
-            self._send_exception(exc, sticky_cuda_error, trim_traceback)
+            self._send_exception(exc)
             return
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
-            self._send_exception(exc, sticky_cuda_error, trim_traceback)
+            self._send_exception(exc)
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
@@ -217,16 +206,16 @@ class Runner:
                            "outputs": meta,
                            "commitment": digest,
                            "launches": self.counter.count, "backends": sorted(self.counter.backends),
-                           "mutated": mutated, "numerics_changed": _numerics(torch) != self.numerics}, flat)
+                           "mutated": mutated, "numerics_changed": _numerics() != self.numerics}, flat)
 
-    def _send_exception(self, exc: BaseException, sticky: Any, trim: Any) -> None:
-        msg = trim(exc, self.candidate_file)
-        if isinstance(exc, self.torch.OutOfMemoryError):
+    def _send_exception(self, exc: BaseException) -> None:
+        msg = trim_traceback(exc, self.candidate_file)
+        if isinstance(exc, torch.OutOfMemoryError):
             msg = "out of device memory in forward: " + msg
-        self.send({"type": "error", "status": "runtime_error", "error": msg, "sticky": sticky(self.device)})
+        self.send({"type": "error", "status": "runtime_error", "error": msg, "sticky": sticky_cuda_error(self.device)})
 
 
-def _numerics(torch: Any) -> tuple[Any, ...]:
+def _numerics() -> tuple[Any, ...]:
     """The global settings that change fp32 results; a candidate that changes them computes in lower precision."""
     try:
         return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
@@ -269,9 +258,6 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     sandbox = _confine(scratch, device)
     sandbox.update(private_shm_mb=SHM_MB if shm else 0, pid_namespace=namespaces, network_namespace=namespaces)
 
-    from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
-    from kb_gym.worker.tensors import host_bytes
-
     def send(message: dict[str, Any]) -> None:
         write_message(proto_out, message)
 
@@ -282,8 +268,6 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
             view = host_bytes(t).cast("B")
             while len(view):
                 view = view[os.write(proto_out, view):]
-
-    import torch
 
     if device.startswith("cuda"):
         try:
@@ -296,8 +280,6 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
             os._exit(3)
     runner = Runner(device, scratch, send, send_tensors)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
-        from kb_gym.worker.seccomp import deny_sockets_and_ptrace
-
         sandbox.update(deny_sockets_and_ptrace())
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started})
     reader = MessageReader(proto_in)

@@ -24,13 +24,7 @@ import torch
 from kb_gym import sandbox
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
-from kb_gym.worker.protocol import (
-    LANDLOCK_BREAKS_CUDA,
-    MessageReader,
-    ProtocolError,
-    read_exact,
-    write_message,
-)
+from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.tensors import WireError, commitment, decode, expected_nbytes
 
 STARTUP_TIMEOUT = 300.0
@@ -81,9 +75,6 @@ class RunnerProcess:
         self.torch_device = torch.device(device)
         self.info: dict[str, Any] = {}
         self.rtt_ms = 0.0
-        self.overhead_ms = 0.0  # the judge's clock minus the events, per call, measured while pristine
-        self.overhead_spread_ms = 0.0  # its median absolute deviation
-        self.calibrated = False  # set once the overhead was measured on a pristine runner
         self.stage = "load"
         self.started = time.monotonic()
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
@@ -198,16 +189,17 @@ class RunnerProcess:
         return StageError("crash", f"the candidate's process died{detail}: {why}" + (f"\n{tail}" if tail else ""))
 
     def prepare(self, problem_code: str, init_seed: int, precision: str, tf32: bool, timeout: float,
-                calibration_seeds: list[int]) -> None:
-        """Load the problem while the runner is pristine; with ``calibration_seeds`` the reference model too,
+                reference_model: bool = False) -> None:
+        """Load the problem while the runner is pristine; with ``reference_model`` the reference model too,
         for timing.calibrate_overhead to time it there before any candidate code runs."""
         self._send({"type": "prepare", "problem_code": problem_code, "init_seed": init_seed, "precision": precision,
-                    "tf32": tf32, "reference_model": bool(calibration_seeds)})
+                    "tf32": tf32, "reference_model": reference_model})
         reply = self._read(timeout)
         if reply.get("type") != "prepared":
             raise self._unexpected(reply, "prepared")
         if reply.get("status") != "ok":
             raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
+
     def load(self, source: str, init_seed: int, timeout: float) -> None:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict."""
         self._send({"type": "load", "source": source, "init_seed": init_seed})
@@ -236,7 +228,7 @@ class RunnerProcess:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if msg.get("payload_bytes") != nbytes:
                 raise WireError("the announced payload does not match the outputs described")
-            data = read_exact(self.reader, nbytes, max(timeout, 60.0))
+            data = self.reader.read_bytes(nbytes, max(timeout, 60.0))
             tensors = decode(msg["outputs"], data, self.torch_device)
             if commitment(tensors, nonce) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "

@@ -116,8 +116,15 @@ class RunnerPool:
         try:
             self.zygote.wait_ready()
         except StageError as exc:
-            self.zygote, self.zygote_failed, self.zygote_error = None, True, exc.message[:1000]
+            self._give_up_zygote(exc.message)
         return self.zygote
+
+    def _give_up_zygote(self, why: str) -> None:
+        """Forked runners do not start here: fresh interpreters from now on, and the reason kept."""
+        self.zygote_failed, self.zygote_error = True, why[:1000]
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     def prestart(self) -> None:
         if self.spare is None or not self.spare.alive:
@@ -125,8 +132,8 @@ class RunnerPool:
                 self.spare.kill()
             try:
                 self.spare = RunnerProcess(self.device, self.scratch_root, self._zygote())
-            except StageError:  # the zygote died between its check and the fork: a fresh interpreter instead
-                self.zygote, self.zygote_failed = None, True
+            except StageError as exc:  # the zygote died between its check and the fork
+                self._give_up_zygote(exc.message)
                 self.spare = RunnerProcess(self.device, self.scratch_root)
             self.started += 1
 
@@ -136,12 +143,8 @@ class RunnerPool:
         try:
             runner.wait_ready()
         except StageError as exc:
-            if runner.forked:  # forked runners do not start here: fresh interpreters from now on
-                self.zygote_error = exc.message[:1000]
-                self.zygote_failed = True
-                if self.zygote is not None:
-                    self.zygote.close()
-                    self.zygote = None
+            if runner.forked:
+                self._give_up_zygote(exc.message)
             elif self.device not in _READS_BREAK_CUDA:
                 raise
             runner = RunnerProcess(self.device, self.scratch_root, self._zygote())  # again, differently
@@ -150,27 +153,19 @@ class RunnerPool:
         self.prestart()
         return runner
 
-    def settle(self, timeout: float) -> None:
-        """Let the spare finish starting before a timing loop: a process importing torch beside the
-        loop would take CPU time from the host side of every timed call."""
-        if self.spare is not None and not self.spare.ready:
-            try:
-                self.spare.wait_ready(timeout=max(1.0, time.monotonic() - self.spare.started + timeout))
-            except StageError:
-                self.spare = None  # it failed to start: the next take() starts another
-
     def discard_spare(self) -> None:
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
 
-    def pristine(self) -> RunnerProcess | None:
-        """The spare, up and never given a candidate (for measurements that must not run beside one)."""
+    def pristine(self, timeout: float = STARTUP_TIMEOUT) -> RunnerProcess | None:
+        """The spare, up (waiting at most ``timeout`` more for it) and never given a candidate: for
+        measurements that must run where no candidate ran. None when it failed to start."""
         try:
             self.prestart()
-            self.spare.wait_ready()
+            self.spare.wait_ready(timeout=max(1.0, time.monotonic() - self.spare.started + timeout))
         except StageError:
-            self.spare = None
+            self.spare = None  # the next take() starts another
         return self.spare
 
     def close(self) -> None:

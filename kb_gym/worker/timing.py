@@ -44,6 +44,15 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """A runner's own per-call overhead inside the judge's envelope (the judge's clock minus the events),
+    measured on the reference in a runner that never ran candidate code, and its median absolute deviation."""
+
+    overhead_ms: float
+    spread_ms: float
+
+
 @dataclass
 class Side:
     event_ms: list[float] = field(default_factory=list)
@@ -57,10 +66,8 @@ class PairedTiming:
     cand: Side
     reps: int
     rtt_ms: float
-    overhead_ms: float
-    overhead_spread_ms: float
+    calibration: Calibration | None  # None: uncalibrated (no spare), the excess is reported, not counted
     device_kind: str
-    calibrated: bool = True
     mismatch: str | None = None
     seconds: float = 0.0
     launches: int = 0
@@ -70,7 +77,8 @@ class PairedTiming:
         overhead (measured on the reference while the runner was pristine): work its events did not cover."""
         if not self.cand.event_ms:
             return 0.0
-        gaps = [(ce - cv) - self.overhead_ms for ce, cv in zip(self.cand.envelope_ms, self.cand.event_ms, strict=False)]
+        overhead = self.calibration.overhead_ms if self.calibration else 0.0
+        gaps = [(ce - cv) - overhead for ce, cv in zip(self.cand.envelope_ms, self.cand.event_ms, strict=False)]
         return median_ci(gaps)[0]
 
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
@@ -85,10 +93,10 @@ class PairedTiming:
         med_events = median_ci(self.cand.event_ms)[0]
         # Where building the inputs is slow and uneven (multi-GB inputs on the CPU), the envelope cannot be read
         # more finely than the calibration's own spread: the tolerance grows with it (reported beside it).
+        cal = self.calibration or Calibration(0.0, 0.0)
         tolerance = max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5),
-                        SPREAD_FACTOR * self.overhead_spread_ms,
-                        OVERHEAD_SHARE.get(self.device_kind, 0.1) * self.overhead_ms)
-        hidden = self.calibrated and excess > tolerance  # uncalibrated (no spare): reported, not counted
+                        SPREAD_FACTOR * cal.spread_ms, OVERHEAD_SHARE.get(self.device_kind, 0.1) * cal.overhead_ms)
+        hidden = self.calibration is not None and excess > tolerance
         cand = [c + excess for c in self.cand.event_ms] if hidden else list(self.cand.event_ms)
         med, lo, hi = median_ci(cand)
         if cached_ref is None:
@@ -100,9 +108,8 @@ class PairedTiming:
                    speedup_ci=[s_lo, s_hi],
                    host_runtime_ms=median_ci(self.cand.host_ms)[0] if self.cand.host_ms else None,
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
-                             "overhead_ms": self.overhead_ms, "overhead_spread_ms": self.overhead_spread_ms,
-                             "calibrated": self.calibrated,
-                             "counted": hidden})
+                             "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
+                             "calibrated": self.calibration is not None, "counted": hidden})
         return out
 
 
@@ -120,11 +127,12 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
 
 
 def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_mod: Any, device: torch.device,
-                       dtype: torch.dtype, flusher: CacheFlusher, seeds: list[int], timeout: float) -> float:
+                       dtype: torch.dtype, flusher: CacheFlusher, seeds: list[int],
+                       timeout: float) -> Calibration | None:
     """The runner's own per-call overhead (the judge's clock minus the events), measured on the reference
     while the runner is pristine, through the very path a candidate's timed call takes and interleaved with
     the judge's baseline calls as in the timing loop (a process woken after the other one ran is slower to
-    answer than one called back to back). Sets and returns ``runner.overhead_ms``."""
+    answer than one called back to back). None when no call reported an event time."""
     gaps = []
     for k, seed in enumerate(seeds):
         _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
@@ -132,16 +140,17 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
         reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference")
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
             gaps.append(reply.envelope_ms - reply.event_ms)
-    runner.overhead_ms = median_ci(gaps)[0] if gaps else runner.rtt_ms
-    runner.overhead_spread_ms = median_ci([abs(g - runner.overhead_ms) for g in gaps])[0] if gaps else 0.0
-    return runner.overhead_ms
+    if not gaps:
+        return None
+    overhead = median_ci(gaps)[0]
+    return Calibration(overhead, median_ci([abs(g - overhead) for g in gaps])[0])
 
 
 def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: RunnerProcess | None, ref_mod: Any,
               device: torch.device, dtype: torch.dtype, flusher: CacheFlusher,
               check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int, max_reps: int,
               target_rel_ci: float, max_seconds: float, call_timeout: Callable[[], float],
-              byte_limit: int) -> PairedTiming:
+              byte_limit: int, calibration: Calibration | None = None) -> PairedTiming:
     """Interleave baseline and candidate calls (alternating which goes first) until the speedup's
     interval is tight enough, the repetition cap, or the time budget.
 
@@ -151,11 +160,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     began = _perf_counter()
     ref, cand = Side(), Side()
     timed_base = base_fn is not None
-    rtt = runner.rtt_ms if runner is not None else 0.0
-    overhead = runner.overhead_ms if runner is not None else 0.0
-    spread = runner.overhead_spread_ms if runner is not None else 0.0
-    timing = PairedTiming(ref, cand, 0, rtt, overhead, spread, device.type,
-                          calibrated=runner.calibrated if runner is not None else True)
+    timing = PairedTiming(ref, cand, 0, runner.rtt_ms if runner is not None else 0.0, calibration, device.type)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None

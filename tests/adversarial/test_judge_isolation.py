@@ -142,9 +142,8 @@ _real = _clock.timed_call
 def _fast(fn, inputs, device, flusher):
     out, ms, host = _real(fn, inputs, device, flusher)
     return out, 1e-4, 1e-4
-_clock.timed_call = _fast
-for name in ("kb_gym.worker.runner",):
-    mod = sys.modules.get(name)
+for name in ("kb_gym.worker.clock", "kb_gym.worker.runner"):  # wherever the runner looks it up
+    sys.modules[name].timed_call = _fast
 ''', "time.sleep(0.02)\nreturn 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))")
 
 LAZY_OUTPUT = cand('''
