@@ -74,10 +74,12 @@ class MessageReader:
             raise ProtocolError("worker wrote a non-object message")
         return message
 
-    def read_bytes(self, nbytes: int, timeout: float | None) -> bytearray:
-        """The ``nbytes`` raw bytes that follow a message (tensors: a description, then their bytes)."""
-        out = bytearray(nbytes)
-        view = memoryview(out)
+    def read_bytes(self, nbytes: int, timeout: float | None, into: memoryview | None = None) -> memoryview:
+        """The ``nbytes`` raw bytes that follow a message (tensors: a description, then their bytes), read
+        into ``into`` where given (page-locked memory the GPU copies from directly), else a new buffer."""
+        view = memoryview(bytearray(nbytes)) if into is None else into.cast("B")[:nbytes]
+        if len(view) != nbytes:
+            raise ValueError(f"a buffer of {len(view)} bytes cannot take {nbytes}")
         got = min(nbytes, len(self._buffer))
         view[:got] = self._buffer[:got]
         self._buffer = self._buffer[got:]
@@ -91,5 +93,5 @@ class MessageReader:
             if n == 0:
                 raise ProtocolError("the other side closed its pipe mid-payload")
             got += n
-        return out
+        return view
 

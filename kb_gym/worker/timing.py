@@ -135,7 +135,11 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
     answer than one called back to back). None when no call reported an event time."""
     gaps = []
     for k, seed in enumerate(seeds):
-        _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
+        # Frozen while the baseline runs, as the candidate's runner is in the timing loop: a process stopped
+        # and continued wakes colder (the H200: a reference copy of a 5 us softmax paid ~0.09 ms more per call
+        # than a spare that was never stopped, and its envelope counted that as hidden work: speedup 0.055).
+        with runner.frozen():
+            _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
         # Outputs and all, as a candidate's call: copying them out leaves the host as cold for the next call.
         reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference")
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
