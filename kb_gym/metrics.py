@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class _Sample:
     ok: bool
     speedup: float | None
     stage: int
+    sol_fraction: float | None = None  # share of the speed-of-light floor reached (floor time / runtime)
 
     def is_fast(self, p: float) -> bool:
         return self.ok and self.speedup is not None and self.speedup > p
@@ -101,7 +103,9 @@ def _sample(item: ResultLike, penalised: frozenset[str]) -> _Sample:
     stage = STATUS_ORDER.index(status) if status in STATUS_ORDER else -1
     key = task_key(item)
     speedup = valid_speedup(_get(item, "speedup"))
-    return _Sample(task=key, group=_group_of(key), ok=ok, speedup=speedup, stage=stage)
+    sol = _get(item, "speed_of_light_fraction")
+    sol = float(sol) if isinstance(sol, int | float) and math.isfinite(sol) and sol > 0 else None
+    return _Sample(task=key, group=_group_of(key), ok=ok, speedup=speedup, stage=stage, sol_fraction=sol)
 
 
 def _penalised(penalised_flags: Iterable[str] | None) -> frozenset[str]:
@@ -274,6 +278,10 @@ def _summarize_group(
     best = [max((s for s, _ in t), key=lambda x: x.rank) for t in per_task if t]
     logs = [math.log(s.speedup) for s in best if s.ok and s.speedup is not None]
     row["geomean_speedup"] = math.exp(_mean(logs)) if logs else None
+    # How close to the hardware: the median, over tasks whose best sample is correct, of that sample's
+    # share of the speed-of-light floor (None where no result carries one, e.g. CPU runs).
+    sols = [s.sol_fraction for s in best if s.ok and s.sol_fraction is not None]
+    row["median_sol_fraction"] = statistics.median(sols) if sols else None
     n = len(grouped)
     row["best_of"] = {
         "correct": sum(1 for s in best if s.ok) / n if n else 0.0,
@@ -293,9 +301,10 @@ def summarize(
 
     Each row: ``n_tasks``, ``n_samples``, ``correct`` (correctness rate), one ``fast_{p:g}`` per
     ``p`` (``fast_0``, ``fast_0.5``... see :func:`fast_key`), ``geomean_speedup`` (over tasks
-    whose best sample is correct; ``None`` if none) and ``best_of``: ``correct`` and the fast_p
-    values when the best sample of each task is kept (equal to the plain ones with one sample per
-    task). Levels are ordered numerically, ``"all"`` comes last.
+    whose best sample is correct; ``None`` if none), ``median_sol_fraction`` (over the same best
+    samples, their share of the speed-of-light floor; ``None`` if none reports one) and
+    ``best_of``: ``correct`` and the fast_p values when the best sample of each task is kept (equal
+    to the plain ones with one sample per task). Levels are ordered numerically, ``"all"`` comes last.
     """
     grouped = _group_by_task(results, tasks, penalised_flags)
     by_group: dict[str, dict[str, list[tuple[_Sample, ResultLike]]]] = {}

@@ -46,11 +46,14 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """A plain-text table of :func:`kb_gym.metrics.summarize` output.
 
     Rows: each level, then ``all``. Columns: ``n`` (tasks), ``samples`` (only when some task has
-    several), ``correct``, ``fast_0`` ... ``fast_2`` (whatever p the summary holds), ``geomean``.
+    several), ``correct``, ``fast_0`` ... ``fast_2`` (whatever p the summary holds), ``geomean``, and
+    ``sol`` (median share of the speed-of-light floor) when any result reports one.
     """
     fast_cols = _fast_columns(summary)
     show_samples = any(row.get("n_samples", 0) != row.get("n_tasks", 0) for row in summary.values())
-    header = ["level", "n"] + (["samples"] if show_samples else []) + ["correct", *fast_cols, "geomean"]
+    show_sol = any(row.get("median_sol_fraction") is not None for row in summary.values())
+    header = (["level", "n"] + (["samples"] if show_samples else []) + ["correct", *fast_cols, "geomean"]
+              + (["sol"] if show_sol else []))
     rows = []
     for name, row in summary.items():
         cells = [str(name), str(row.get("n_tasks", 0))]
@@ -59,6 +62,9 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
         cells.append(_fmt_rate(row.get("correct")))
         cells.extend(_fmt_rate(row.get(col)) for col in fast_cols)
         cells.append(_fmt_speedup(row.get("geomean_speedup")))
+        if show_sol:
+            sol = row.get("median_sol_fraction")
+            cells.append(f"{sol:.0%}" if isinstance(sol, int | float) else "-")
         rows.append(cells)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 

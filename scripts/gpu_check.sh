@@ -33,7 +33,8 @@ kb() { python3 -P -m kb_gym.cli "$@"; }
 
 part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status
   case $1 in
-    tests) python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-} ;;
+    # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
+    tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;

@@ -208,3 +208,17 @@ def test_plot_fast_p_from_summary(tmp_path, mixed):
     out = plot_fast_p(summarize(mixed), tmp_path / "summary.png")
     assert out.exists() and out.stat().st_size > 1000
     assert plot_fast_p([], tmp_path / "empty.png").exists()
+
+
+def test_speed_of_light_share_is_summarised_and_shown_when_results_carry_it(mixed):
+    """The report says how close to the hardware the best correct samples got, not only how much faster."""
+    assert summarize(mixed)["all"]["median_sol_fraction"] is None
+    assert "sol" not in format_table(summarize(mixed)).splitlines()[0].split()
+    results = [res("a", "correct", 2.0, speed_of_light_fraction=0.4), res("a", "correct", 1.0, speed_of_light_fraction=0.2),
+               res("b", "correct", 3.0, speed_of_light_fraction=0.8), res("c", "incorrect", speed_of_light_fraction=0.9)]
+    summary = summarize(results)
+    # best samples: a at 2.0x (0.4), b (0.8); c is not correct
+    assert summary["all"]["median_sol_fraction"] == pytest.approx(0.6)
+    table = format_table(summary)
+    assert table.splitlines()[0].split()[-1] == "sol"
+    assert table.splitlines()[-1].split()[-1] == "60%"
