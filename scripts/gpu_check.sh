@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: tests (GPU-marked pytest), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: tests (GPU-marked pytest), adversarial (the judge-isolation suites on cuda:0), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -35,6 +35,9 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
   case $1 in
     # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
     tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
+    # The adversarial suite (CPU in CI) against a GPU judge and GPU runners.
+    adversarial) KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider \
+                   tests/adversarial/test_judge_isolation.py tests/adversarial/test_redteam_round2.py ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
@@ -72,7 +75,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
 
 echo "== summary =="
-grep -E "passed|failed" "$OUT/tests.log" 2>/dev/null | tail -1
+grep -E "passed|failed" "$OUT/tests.log" "$OUT/adversarial.log" 2>/dev/null | tail -2
 grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
 cat "$OUT/probe.log" 2>/dev/null
 tail -n 12 "$OUT/bench.log" 2>/dev/null

@@ -26,7 +26,14 @@ from kb_gym import sandbox
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
-from kb_gym.worker.tensors import WireError, commitment, decode, expected_nbytes, receive_buffer
+from kb_gym.worker.tensors import (
+    PINNED_RECEIVE_BYTES,
+    WireError,
+    commitment,
+    decode,
+    expected_nbytes,
+    receive_buffer,
+)
 
 STARTUP_TIMEOUT = 300.0
 # What a runner's environment keeps of the judge's: tool locations and build settings, never
@@ -120,6 +127,7 @@ class RunnerProcess:
         self.drain.start()
         self._fds = [] if self.proc is not None else [self.stdin_fd, stdout_fd]
         self._stderr = stderr
+        self._large_buffer: tuple[torch.Tensor, memoryview] | None = None
         self.ready = False
 
     @property
@@ -243,7 +251,7 @@ class RunnerProcess:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if msg.get("payload_bytes") != nbytes:
                 raise WireError("the announced payload does not match the outputs described")
-            data, into = receive_buffer(nbytes, self.torch_device)
+            data, into = self._receive_buffer(nbytes)
             self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
             tensors = decode(msg["outputs"], data, self.torch_device)
             if commitment(tensors, nonce) != msg.get("commitment"):
@@ -262,6 +270,16 @@ class RunnerProcess:
                          backends=[str(b) for b in msg.get("backends") or []][:4],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
+    def _receive_buffer(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
+        """A buffer for the payload. Large pageable ones are kept for the next call of the same size (every
+        timed call of a problem returns the same bytes): a fresh 4 GB buffer pays a page fault per 4 KB."""
+        if nbytes <= PINNED_RECEIVE_BYTES:
+            return receive_buffer(nbytes, self.torch_device)
+        if self._large_buffer is None or self._large_buffer[0].numel() != nbytes:
+            self._large_buffer = None
+            self._large_buffer = receive_buffer(nbytes, self.torch_device)
+        return self._large_buffer
+
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """The runner and everything it started stopped (SIGSTOP) for the duration: nothing of the candidate
@@ -275,6 +293,7 @@ class RunnerProcess:
             sandbox.thaw(procs)
 
     def kill(self, keep_scratch: bool = False) -> None:
+        self._large_buffer = None
         if self.proc is not None:
             sandbox.kill_and_wait(self.proc)
             streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]

@@ -20,6 +20,9 @@ import pytest
 
 from kb_gym import EvalConfig, Evaluator, Problem
 
+# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
+DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
+
 CHECK = EvalConfig(trials=2, timing=False, integrity="off", load_timeout=60, correctness_timeout=30)
 TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,
                    integrity="off", load_timeout=60, correctness_timeout=30, timing_timeout=60)
@@ -56,7 +59,7 @@ def cand(prelude: str, forward: str = "return 0.5 * x * (1.0 + torch.erf(x / 2.0
 
 @pytest.fixture(scope="module")
 def ev():
-    with Evaluator("cpu", results_path=False, baseline_cache=False) as e:
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
         yield e
 
 
@@ -319,7 +322,7 @@ def test_secrets_files_and_host_sockets_are_out_of_reach(ev, tmp_path_factory):
     server.listen(1)
     os.environ["KB_GYM_TEST_SECRET"] = secret
     try:
-        with Evaluator("cpu", results_path=False, baseline_cache=False) as fresh:
+        with Evaluator(DEVICE, results_path=False, baseline_cache=False) as fresh:
             src = cand(f'''
 import os, socket
 found = [os.environ.get("KB_GYM_TEST_SECRET", "")]

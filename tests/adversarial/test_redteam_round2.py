@@ -21,6 +21,9 @@ from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after
 
 from kb_gym import EvalConfig, Evaluator
 
+# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
+DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
+
 # The runner's own harness object: every attack below starts from it.
 FIND_RUNNER = '''
 import gc, os, sys, time
@@ -33,7 +36,7 @@ GELU_FORWARD = "return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))"
 
 @pytest.fixture(scope="module")
 def ev():
-    with Evaluator("cpu", results_path=False, baseline_cache=False) as e:
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
         yield e
 
 
@@ -250,7 +253,7 @@ def test_the_build_cache_copies_no_file_from_outside_the_runner(monkeypatch, tmp
     cache = tmp_path / "extensions"
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(cache))
     source = _cache_swap(str(path))
-    with Evaluator("cpu", results_path=False, baseline_cache=False) as fresh:
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as fresh:
         first = fresh.evaluate(GELU, source, config=CHECK)
         if first.status != "correct":
             pytest.fail(f"the attack itself broke: {first.status} {first.error}")
@@ -278,7 +281,7 @@ open(os.path.join(_ext, "sub", "plain.txt"), "w").write("plain")
 os.symlink("{path}", os.path.join(_ext, "link.txt"))
 os.symlink("{path.parent}", os.path.join(_ext, "sub", "dirlink"))
 ''')
-    with Evaluator("cpu", results_path=False, baseline_cache=False) as fresh:
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as fresh:
         first = fresh.evaluate(GELU, source, config=CHECK)
         second = fresh.evaluate(GELU, source, config=CHECK)
         honest_after(fresh)
