@@ -44,6 +44,10 @@ class EvalConfig:
     timing_max_seconds: float = 20.0
     timing_input_sets: int = 4
     check_timed_outputs: bool = True
+    # Timed outputs larger than this are checked on 16 random 1 MB chunks drawn after each call reports done
+    # (worker/spot_check.py) instead of crossing whole every call; correctness trials always compare whole.
+    # 0: always whole.
+    timed_output_sample_bytes: int = 64 << 20
     reuse_cached_baseline: bool = False
     load_timeout: float = 300.0
     correctness_timeout: float = 120.0
@@ -66,6 +70,8 @@ class EvalConfig:
             raise ValueError("trials must be >= 1")
         if self.timing_min_reps < 3 or self.timing_max_reps < self.timing_min_reps:
             raise ValueError("need 3 <= timing_min_reps <= timing_max_reps")
+        if self.timed_output_sample_bytes < 0:
+            raise ValueError("timed_output_sample_bytes must be >= 0 (0: timed outputs always cross whole)")
 
     @property
     def tolerances(self) -> tuple[float, float]:

@@ -74,6 +74,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
                 ref_out, flops = _counting_flops(ref_model, clone_inputs(inputs))
                 state["floor_ms"] = floor_ms(inputs, ref_out, ref_model, flops)
                 state["byte_limit"] = output_byte_limit(ref_out)
+                state["ref_out_bytes"] = sum(t.numel() * t.element_size() for t in flatten_outputs(ref_out))
             else:
                 ref_out = ref_model(*clone_inputs(inputs))
         try:

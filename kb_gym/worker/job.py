@@ -31,6 +31,7 @@ from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_pool import RunnerPool
+from kb_gym.worker.spot_check import CHUNKS_PER_CALL, SampledOutputs, chunk_size, reference_pieces
 from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, time_pair
 
 CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
@@ -267,13 +268,25 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
     result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0
     if state.get("runner") is not None:
-        state["calibration"] = _calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype, deadline)
+        state["chunk_bytes"] = _chunk_bytes(job["config"], state, result)
+        state["calibration"] = _calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype, deadline,
+                                            state["chunk_bytes"])
     _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     stages["timing"] = time.perf_counter() - t0
 
 
+def _chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, Any]) -> int:
+    """Spot-check the timed outputs (spot_check.py) when they are large, except where the float64 second
+    opinion may be needed (an ill-conditioned reference: it judges whole outputs)."""
+    limit = int(cfg.get("timed_output_sample_bytes") or 0)
+    if not limit or state.get("ref_out_bytes", 0) <= limit or "ill_conditioned" in result["flags"]:
+        return 0
+    return chunk_size(state["ref_out_bytes"])
+
+
 def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
-                 spare: RunnerProcess | None, dtype: torch.dtype, deadline: float) -> Calibration | None:
+                 spare: RunnerProcess | None, dtype: torch.dtype, deadline: float,
+                 chunk_bytes: int = 0) -> Calibration | None:
     """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
     a fork of the same zygote that has run no candidate code, through the same path, under the device
     lock and right before the loop, interleaved with baseline calls as the loop is, the candidate's
@@ -282,7 +295,8 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     could measure it: the envelope is then reported, not charged."""
     cfg = job["config"]
     tf32 = bool(cfg.get("tf32", False))
-    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32)
+    # the path a call takes (whole outputs or chunks) is part of its overhead
+    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes)
     kept = ctx.calibrations.get(key)
     if kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
         return kept[1]
@@ -295,7 +309,7 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                       reference_model=True)
         with runner.frozen():
             calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                                             timeout=0.5 * (deadline - time.monotonic()))
+                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes)
     except StageError:  # the spare's failure is not the candidate's: no envelope verdict this time
         ctx.pool.discard_spare()
         return None
@@ -327,6 +341,12 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     cached = job.get("cached_baseline") if runner is not None else None
 
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
+        if isinstance(cand_out, SampledOutputs):
+            ref_pieces, why = reference_pieces(flatten_outputs(ref_out), cand_out)
+            if why:
+                return why
+            cmp = compare_outputs([values for _, _, values in cand_out.chunks], ref_pieces, atol, rtol)
+            return None if cmp.ok else f"on chunks drawn after the call: {cmp.reason}"
         cmp = compare_outputs(cand_out, ref_out, atol, rtol)
         if not cmp.ok and "ill_conditioned" in result["flags"]:
             inputs = make_inputs(ref_mod, seed, ctx.device, dtype)
@@ -346,7 +366,8 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
             max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
-            byte_limit=state.get("byte_limit", 1 << 30), calibration=state.get("calibration"))
+            byte_limit=state.get("byte_limit", 1 << 30), calibration=state.get("calibration"),
+            chunk_bytes=state.get("chunk_bytes", 0))
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
@@ -361,6 +382,10 @@ def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result:
                     state: dict[str, Any]) -> None:
     # The stage minus this is set-up: the split tells a slow loop from slow set-up.
     result["stage_seconds"]["timing_loop"] = timing.seconds
+    if timing.cand.event_ms or timing.mismatch:
+        size = state.get("chunk_bytes", 0)
+        result.setdefault("correctness", {})["timed_output_check"] = (
+            {"chunks_per_call": CHUNKS_PER_CALL, "chunk_bytes": size} if size else "whole")
     if timing.mismatch:
         result.update(status="incorrect", correct=False,
                       error=f"outputs produced while timing differ from the reference ({timing.mismatch})")

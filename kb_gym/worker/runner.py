@@ -37,7 +37,8 @@ from kb_gym.worker.loading import StageError, check_signature, load_module, stic
 from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_sockets_and_ptrace
-from kb_gym.worker.tensors import commitment, describe, flatten_plain, host_bytes
+from kb_gym.worker.spot_check import chunk_hashes
+from kb_gym.worker.tensors import commitment, describe, flatten_bytes, flatten_plain, host_bytes
 
 SHM_MB = 64
 
@@ -104,6 +105,7 @@ class Runner:
         self.numerics: tuple[Any, ...] = ()
         self.candidate_file = ""
         self.forward_checked = False
+        self.held: list[Any] = []  # a sampled call's outputs, until the judge has asked for its chunks
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -115,6 +117,8 @@ class Runner:
             self.send(self._load(msg))
         elif kind in ("call", "timed"):
             self._call(msg, timed=kind == "timed")
+        elif kind == "chunks":
+            self._send_chunks(msg)
         else:
             self.send({"type": "error", "status": "crash", "error": f"unknown command {kind!r}"})
 
@@ -190,7 +194,11 @@ class Runner:
                 event_ms = host_ms = None
             structure, flat = flatten_plain(out)
             meta = describe(flat)
-            digest = commitment(flat, int(msg.get("nonce", 0)))
+            chunk_bytes = int(msg.get("chunk_bytes") or 0) if timed else 0
+            if chunk_bytes:
+                hashes, digest = chunk_hashes(flat, int(msg.get("nonce", 0)), chunk_bytes), None
+            else:
+                hashes, digest = None, commitment(flat, int(msg.get("nonce", 0)))
         except (TypeError, ValueError) as exc:
             if "forward returned" in str(exc):
                 self.send({"type": "error", "status": "incorrect", "error": str(exc)})
@@ -202,11 +210,25 @@ class Runner:
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
-        self.send_tensors({"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure,
-                           "outputs": meta,
-                           "commitment": digest,
-                           "launches": self.counter.count, "backends": sorted(self.counter.backends),
-                           "mutated": mutated, "numerics_changed": _numerics() != self.numerics}, flat)
+        done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "outputs": meta,
+                "commitment": digest, "launches": self.counter.count, "backends": sorted(self.counter.backends),
+                "mutated": mutated, "numerics_changed": _numerics() != self.numerics}
+        if hashes is not None:  # the judge picks the chunks it wants now that their hashes are fixed
+            self.held = flat
+            self.send({**done, "chunk_hashes": hashes, "chunk_bytes": chunk_bytes, "payload_bytes": 0})
+        else:
+            self.send_tensors(done, flat)
+
+    def _send_chunks(self, msg: dict[str, Any]) -> None:
+        """The bytes of the chunks the judge drew from the last sampled call's outputs, in its order."""
+        size, held = int(msg.get("chunk_bytes") or 0), self.held
+        self.held = []
+        try:
+            pieces = [flatten_bytes(held[k])[j * size:(j + 1) * size] for k, j in msg.get("want") or []]
+        except (IndexError, TypeError, ValueError) as exc:
+            self.send({"type": "error", "status": "crash", "error": f"bad chunk request: {exc}"})
+            return
+        self.send_tensors({"type": "chunk_bytes", "outputs": describe(pieces)}, pieces)
 
     def _send_exception(self, exc: BaseException) -> None:
         msg = trim_traceback(exc, self.candidate_file)

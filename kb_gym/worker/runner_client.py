@@ -26,8 +26,10 @@ from kb_gym import sandbox
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
+from kb_gym.worker.spot_check import SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
     PINNED_RECEIVE_BYTES,
+    WIRE_DTYPES,
     WireError,
     commitment,
     decode,
@@ -233,12 +235,14 @@ class RunnerProcess:
             raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
-             check_mutation: bool = False, target: str = "candidate") -> CallReply:
-        """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors."""
+             check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0) -> CallReply:
+        """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
+        ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
-                    "check_mutation": check_mutation, "target": target, "nonce": nonce})
+                    "check_mutation": check_mutation, "target": target, "nonce": nonce,
+                    "chunk_bytes": chunk_bytes if timed else 0})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         if msg.get("type") == "error":
@@ -249,6 +253,8 @@ class RunnerProcess:
             raise self._unexpected(msg, "done")
         try:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
+            if timed and chunk_bytes:
+                return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             if msg.get("payload_bytes") != nbytes:
                 raise WireError("the announced payload does not match the outputs described")
             data, into = self._receive_buffer(nbytes)
@@ -264,11 +270,47 @@ class RunnerProcess:
             raise self._died(str(exc)) from None
         del data, into
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
-        event, host = msg.get("event_ms"), msg.get("host_ms")
-        return CallReply(outputs=outputs, event_ms=_finite_ms(event), host_ms=_finite_ms(host),
-                         envelope_ms=envelope, launches=int(msg.get("launches") or 0),
+        return self._reply(msg, envelope, outputs)
+
+    @staticmethod
+    def _reply(msg: dict[str, Any], envelope: float, outputs: Any) -> CallReply:
+        return CallReply(outputs=outputs, event_ms=_finite_ms(msg.get("event_ms")),
+                         host_ms=_finite_ms(msg.get("host_ms")), envelope_ms=envelope,
+                         launches=int(msg.get("launches") or 0),
                          backends=[str(b) for b in msg.get("backends") or []][:4],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
+
+    def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
+        """After "done": draw chunks, ask for them, check each against the hash "done" carried."""
+        meta = msg["outputs"]
+        try:
+            check_hash_lists(meta, msg.get("chunk_hashes"), chunk_bytes)
+        except ValueError as exc:
+            raise WireError(str(exc)) from None
+        want = pick_chunks(meta, chunk_bytes)
+        self._send({"type": "chunks", "want": want, "chunk_bytes": chunk_bytes})
+        head = self._read(max(timeout, 60.0))
+        if head.get("type") == "error":
+            raise StageError("incorrect", "the runner did not send the chunks asked for: "
+                             + str(head.get("error", ""))[:2000], flags=("tampering",))
+        if head.get("type") != "chunk_bytes":
+            raise self._unexpected(head, "chunk_bytes")
+        sizes = [min(chunk_bytes, meta[k]["nbytes"] - j * chunk_bytes) for k, j in want]
+        described = head.get("outputs")
+        if (not isinstance(described, list) or [d.get("nbytes") for d in described] != sizes
+                or any(d.get("dtype") != "uint8" for d in described)):
+            raise WireError("the runner's chunks are not the sizes asked for")
+        total = expected_nbytes(described, sum(sizes))
+        raw = self.reader.read_bytes(total, max(timeout, 60.0))
+        pieces = decode(described, bytearray(raw), self.torch_device)
+        chunks = []
+        for (k, j), piece in zip(want, pieces, strict=True):
+            if chunk_hash(piece, meta[k]["nbytes"], j * chunk_bytes, nonce, k) != msg["chunk_hashes"][k][j]:
+                raise StageError("incorrect", "a chunk the runner sent is not the one it had hashed when it reported "
+                                 "the call done: its time did not cover computing it", flags=("tampering",))
+            dtype = WIRE_DTYPES[meta[k]["dtype"]]
+            chunks.append((k, j * chunk_bytes // dtype.itemsize, piece.view(dtype)))
+        return SampledOutputs(meta=meta, chunks=chunks)
 
     def _receive_buffer(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
         """A buffer for the payload. Large pageable ones are kept for the next call of the same size (every

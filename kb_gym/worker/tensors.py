@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-_WIRE_DTYPES = MappingProxyType({
+WIRE_DTYPES = MappingProxyType({
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
     "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128,
 })
-_NAMES = MappingProxyType({v: k for k, v in _WIRE_DTYPES.items()})
+_NAMES = MappingProxyType({v: k for k, v in WIRE_DTYPES.items()})
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -77,6 +77,11 @@ def host_bytes(t: torch.Tensor) -> memoryview:
 PINNED_RECEIVE_BYTES = 256 << 20
 
 
+def flatten_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's values as a flat uint8 tensor on its device (contiguous)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 def receive_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, memoryview]:
     """Where the judge reads ``nbytes`` of a runner's outputs (not zero-filled first: every byte is read)."""
     pinned = device.type == "cuda" and 0 < nbytes <= PINNED_RECEIVE_BYTES
@@ -90,7 +95,7 @@ def expected_nbytes(meta: Any, limit: int) -> int:
         raise WireError("the runner described its outputs in an unreadable form")
     total = 0
     for item in meta:
-        if not isinstance(item, dict) or item.get("dtype") not in _WIRE_DTYPES:
+        if not isinstance(item, dict) or item.get("dtype") not in WIRE_DTYPES:
             raise WireError("the runner described an output with an unknown dtype")
         shape = item.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < 1 << 40 for s in shape):
@@ -98,7 +103,7 @@ def expected_nbytes(meta: Any, limit: int) -> int:
         numel = 1
         for s in shape:
             numel *= s
-        nbytes = numel * _WIRE_DTYPES[item["dtype"]].itemsize
+        nbytes = numel * WIRE_DTYPES[item["dtype"]].itemsize
         if item.get("nbytes") != nbytes:
             raise WireError("an output's byte count does not match its shape and dtype")
         total += nbytes
@@ -113,7 +118,7 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
     out, offset = [], 0
     flat = data if isinstance(data, torch.Tensor) else None
     for item in meta:
-        dtype = _WIRE_DTYPES[item["dtype"]]
+        dtype = WIRE_DTYPES[item["dtype"]]
         n = item["nbytes"]
         if not n:
             raw = None

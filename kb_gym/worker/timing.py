@@ -132,7 +132,7 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
 
 def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_mod: Any, device: torch.device,
                        dtype: torch.dtype, flusher: CacheFlusher, seeds: list[int],
-                       timeout: float) -> Calibration | None:
+                       timeout: float, chunk_bytes: int = 0) -> Calibration | None:
     """The runner's own per-call overhead (the judge's clock minus the events), measured on the reference
     while the runner is pristine, through the very path a candidate's timed call takes and interleaved with
     the judge's baseline calls as in the timing loop (a process woken after the other one ran is slower to
@@ -145,7 +145,8 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
         with runner.frozen():
             _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
         # Outputs and all, as a candidate's call: copying them out leaves the host as cold for the next call.
-        reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference")
+        reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference",
+                            chunk_bytes=chunk_bytes)
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
             gaps.append(reply.envelope_ms - reply.event_ms)
     if not gaps:
@@ -158,12 +159,14 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
               device: torch.device, dtype: torch.dtype, flusher: CacheFlusher,
               check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int, max_reps: int,
               target_rel_ci: float, max_seconds: float, call_timeout: Callable[[], float],
-              byte_limit: int, calibration: Calibration | None = None) -> PairedTiming:
+              byte_limit: int, calibration: Calibration | None = None, chunk_bytes: int = 0) -> PairedTiming:
     """Interleave baseline and candidate calls (alternating which goes first) until the speedup's
     interval is tight enough, the repetition cap, or the time budget.
 
     ``base_fn`` None: a cached baseline; the reference's outputs are still computed (untimed) to
-    check every timed candidate output. ``runner`` None: a baseline-only job (fills the cache).
+    check every timed candidate output. ``chunk_bytes``: the candidate's outputs are spot-checked on chunks
+    of that size (spot_check.py), the calibration having been measured the same way. ``runner`` None: a
+    baseline-only job (fills the cache).
     """
     began = _perf_counter()
     ref, cand = Side(), Side()
@@ -172,7 +175,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
-        reply = runner.call(seed, timeout=call_timeout(), byte_limit=byte_limit, timed=True)
+        reply = runner.call(seed, timeout=call_timeout(), byte_limit=byte_limit, timed=True, chunk_bytes=chunk_bytes)
         timing.launches += reply.launches
         if side is not None:
             side.event_ms.append(reply.event_ms if reply.event_ms is not None else reply.envelope_ms)

@@ -1,0 +1,114 @@
+"""Timed outputs too large to copy whole on every call: checked on chunks the judge picks after "done".
+
+A timed call of a GPU-sized problem returns hundreds of MB to GBs; copied through the pipe every call, a
+4 GB output cost seconds a call (170 s for one evaluation on the H200). For those, the runner's "done" carries
+one nonce-keyed hash per 1 MB chunk of each output instead of the bytes (``chunk_hashes``), computed on the
+device in one pass; only then does the judge draw which chunks it wants (``os.urandom``) and the runner sends
+those. The judge checks each chunk against its hash and its values against the reference's at the same
+positions. What that keeps:
+
+- "done" still needs the exact output bits (every chunk's hash depends on them), so the judge's clock covers
+  computing them, as with the whole-output commitment.
+- A timed output wrong anywhere in a fraction f of its chunks passes one call with probability (1 - f)^k for k
+  chunks drawn; an output wrong everywhere (a cached or stale answer, zeros) is caught on the first call.
+  Correctness trials still compare whole outputs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+CHUNK_BYTES = 1 << 20  # at most; a multiple of every element size, so a chunk holds whole elements
+MIN_CHUNK_BYTES = 4096
+CHUNKS_PER_CALL = 16
+_SLICE = 1 << 24  # words hashed per step: bounds the int64 temporaries of a multi-GB output
+_MASK = (1 << 63) - 1
+_SYSTEM_RANDOM = random.SystemRandom()
+
+
+def chunk_size(output_bytes: int) -> int:
+    """Chunks of 1 MB, smaller for outputs under 64 MB so that there are at least 64 to draw from."""
+    return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, output_bytes // 64 // 16 * 16))
+
+
+def _words(raw: torch.Tensor, tensor_nbytes: int) -> tuple[torch.Tensor, int]:
+    """A tensor's bytes as the words its hash sums (int32 where its size allows, else bytes)."""
+    if tensor_nbytes % 4 == 0 and raw.numel() % 4 == 0:
+        return raw.view(torch.int32), 4
+    return raw, 1
+
+
+def _weighted(words: torch.Tensor, first_word: int, nonce: int, k: int) -> torch.Tensor:
+    part = words.to(torch.int64)
+    pos = torch.arange(first_word, first_word + part.numel(), dtype=torch.int64, device=part.device)
+    weight = ((pos + (nonce ^ (k * 0x632BE5AB))) * 0x9E3779B97F4A7C15 & _MASK) | 1
+    return part * weight
+
+
+def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
+    """Per output, one hash per ``chunk_bytes`` of its bytes (the last chunk may be shorter)."""
+    out = []
+    for k, t in enumerate(tensors):
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        words, size = _words(raw, raw.numel())
+        per_chunk = chunk_bytes // size
+        n_chunks = -(-words.numel() // per_chunk)
+        sums = torch.zeros(n_chunks, dtype=torch.int64, device=raw.device)
+        step = max(per_chunk, (_SLICE // per_chunk) * per_chunk)  # whole chunks per step
+        for lo in range(0, words.numel(), step):
+            products = _weighted(words[lo:lo + step], lo, nonce, k)
+            index = torch.arange(products.numel(), device=raw.device) // per_chunk + lo // per_chunk
+            sums.index_add_(0, index, products)
+        out.append([int(v) & _MASK for v in sums.tolist()])
+    return out
+
+
+def chunk_hash(chunk: torch.Tensor, tensor_nbytes: int, start_byte: int, nonce: int, k: int) -> int:
+    """The hash of one chunk (raw bytes starting ``start_byte`` into output ``k``), as chunk_hashes computes it."""
+    words, size = _words(chunk, tensor_nbytes)
+    return int(_weighted(words, start_byte // size, nonce, k).sum().item()) & _MASK
+
+
+def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) -> None:
+    """The runner's hash lists have one entry per chunk of each described output (raises ValueError)."""
+    if not isinstance(hashes, list) or len(hashes) != len(meta):
+        raise ValueError("the runner sent chunk hashes for a different number of outputs than it described")
+    for item, row in zip(meta, hashes, strict=True):
+        expected = -(-item["nbytes"] // chunk_bytes)
+        if not isinstance(row, list) or len(row) != expected or not all(isinstance(h, int) for h in row):
+            raise ValueError("the runner's chunk hashes do not match the outputs it described")
+
+
+def pick_chunks(meta: list[dict[str, Any]], chunk_bytes: int, count: int = CHUNKS_PER_CALL) -> list[tuple[int, int]]:
+    """``count`` distinct (output, chunk) pairs drawn from the operating system's randomness."""
+    every = [(k, j) for k, item in enumerate(meta) for j in range(-(-item["nbytes"] // chunk_bytes))]
+    return sorted(_SYSTEM_RANDOM.sample(every, min(count, len(every))))
+
+
+@dataclass
+class SampledOutputs:
+    """What the judge holds of a timed call's outputs: their description and the chunks it drew."""
+
+    meta: list[dict[str, Any]]
+    chunks: list[tuple[int, int, torch.Tensor]]  # (output, first element, values as a 1-D tensor)
+
+
+def reference_pieces(ref_tensors: list[torch.Tensor], sample: SampledOutputs) -> tuple[list[torch.Tensor], str | None]:
+    """The reference's values at the positions of the drawn chunks, or why the outputs cannot match at all
+    (a different number, shape or dtype of outputs)."""
+    if len(ref_tensors) != len(sample.meta):
+        return [], f"forward returned {len(sample.meta)} tensor(s), the reference returns {len(ref_tensors)}"
+    for i, (item, ref) in enumerate(zip(sample.meta, ref_tensors, strict=True)):
+        label = f"output {i}" if len(ref_tensors) > 1 else "output"
+        if tuple(item["shape"]) != tuple(ref.shape):
+            return [], f"{label} shape {tuple(item['shape'])} != expected {tuple(ref.shape)}"
+        if item["dtype"] != str(ref.dtype).removeprefix("torch."):
+            return [], f"{label} dtype {item['dtype']} != expected {ref.dtype}"
+    pieces = []
+    for k, first, values in sample.chunks:
+        pieces.append(ref_tensors[k].reshape(-1)[first:first + values.numel()])
+    return pieces, None
