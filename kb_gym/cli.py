@@ -99,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from kb_gym.fidelity import format_fidelity, run_fidelity
 
         device = "cuda:0" if args.device == "auto" else args.device
-        fidelity = run_fidelity(device=device, repeats=args.repeats)
+        fidelity = run_fidelity(device=device, repeats=args.repeats, presets=tuple(args.presets.split(",")))
         if args.out:
             Path(args.out).write_text(json.dumps(fidelity, indent=1, default=str))
         print(format_fidelity(fidelity))
@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fidelity", action="store_true",
                    help="only the fidelity benchmark: our honest kernels, Evaluator time against bare timings")
+    p.add_argument("--presets", default="default",
+                   help="with --fidelity: comma-separated EvalConfig presets to compare, e.g. default,rl")
     p.add_argument("--out", default=None, help="write the full report as JSON here")
     p.set_defaults(func=cmd_bench)
 

@@ -173,50 +173,67 @@ def _bare(case: FidelityCase, device: str, reps: int = 50) -> dict[str, float | 
     return out
 
 
-def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | None = None) -> dict[str, Any]:
+def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | None = None,
+                 presets: tuple[str, ...] = ("default",)) -> dict[str, Any]:
+    """One row per kernel and config preset: the Evaluator's medians against the bare timings, the wall
+    per evaluation and the spread of the speedup over ``repeats`` evaluations (the RL preset's trade-off)."""
     import os
 
     cases = cases or [c for c in os.environ.get("KB_GYM_FIDELITY_CASES", "").split(",") if c]
+    from kb_gym.baseline_cache import BaselineCache
+    from kb_gym.config import config_preset
     from kb_gym.evaluator import Evaluator
 
     rows = []
     chosen = [c for c in CASES if not cases or c.name in cases]
-    with Evaluator(device, results_path=False, baseline_cache=False) as ev:
+    # A fresh baseline cache: the "rl" preset reuses the baseline it timed first, as in a training run.
+    cache = BaselineCache(Path(tempfile.mkdtemp(prefix="kb_gym_fidelity_cache_")) / "baselines.json")
+    with Evaluator(device, results_path=False, baseline_cache=cache) as ev:
         ev.warm()
         for case in chosen:
             bare = _bare(case, device)
             source = (KERNELS / case.kernel).read_text()
-            evals = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                r = ev.evaluate(case.problem, source)
-                evals.append((r, time.perf_counter() - t0))
-            r, wall = evals[-1]
-            row = {"case": case.name, "status": r.status, "flags": r.flags, "error": (r.error or "")[:300],
-                   "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
-                   "speedups": [e.speedup for e, _ in evals], "wall_s": wall, "reps": r.timing_reps,
-                   "envelope": r.correctness.get("envelope"), **bare}
-            if r.runtime_ms and bare["cand_events_ms"]:
-                row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
-                row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]
-                row["bare_speedup"] = bare["ref_events_ms"] / bare["cand_events_ms"]
-                row["speedup_ratio"] = r.speedup / row["bare_speedup"]
-            rows.append(row)
-            print(format_row(row), flush=True)
-    return {"rows": rows}
+            for preset in presets:
+                config = config_preset(preset)
+                evals = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    r = ev.evaluate(case.problem, source, config=config)
+                    evals.append((r, time.perf_counter() - t0))
+                rows.append(_row(case, preset, evals, bare))
+                print(format_row(rows[-1]), flush=True)
+    return {"rows": rows, "presets": list(presets), "repeats": repeats}
+
+
+def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: dict[str, Any]) -> dict[str, Any]:
+    r, _ = evals[-1]
+    speedups = [e.speedup for e, _ in evals if e.speedup]
+    row = {"case": case.name, "preset": preset, "status": r.status, "flags": r.flags, "error": (r.error or "")[:300],
+           "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
+           "speedups": speedups, "wall_s": statistics.median(w for _, w in evals), "reps": r.timing_reps,
+           "speedup_spread": (max(speedups) - min(speedups)) / statistics.median(speedups) if speedups else None,
+           "envelope": r.correctness.get("envelope"), **bare}
+    if r.runtime_ms and bare["cand_events_ms"]:
+        row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
+        row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]
+        row["bare_speedup"] = bare["ref_events_ms"] / bare["cand_events_ms"]
+        row["speedup_ratio"] = r.speedup / row["bare_speedup"]
+    return row
 
 
 def format_row(row: dict[str, Any]) -> str:
     def f(v: Any, spec: str = ".4f") -> str:
         return format(v, spec) if isinstance(v, (int, float)) else "-"
 
-    return (f"{row['case']:<28} {row['status']:<9} cand {f(row['eval_cand_ms'])} bare {f(row['cand_events_ms'])} "
+    return (f"{row['case']:<28} {row.get('preset', 'default'):<7} {row['status']:<9} "
+            f"cand {f(row['eval_cand_ms'])} bare {f(row['cand_events_ms'])} "
             f"kb {f(row.get('cand_kb_events_ms'))} graph {f(row['cand_graph_ms'])} "
             f"ratio {f(row.get('cand_ratio'), '.3f')} | ref {f(row['eval_ref_ms'])} "
             f"bare {f(row['ref_events_ms'])} ratio {f(row.get('ref_ratio'), '.3f')} "
             f"| speedup {f(row['speedup'], '.3f')} "
             f"bare {f(row.get('bare_speedup'), '.3f')} ratio {f(row.get('speedup_ratio'), '.3f')} "
-            f"wall {f(row['wall_s'], '.2f')}s flags {','.join(row['flags'])}")
+            f"spread {f(row.get('speedup_spread'), '.3f')} wall {f(row['wall_s'], '.2f')}s "
+            f"flags {','.join(row['flags'])}")
 
 
 def format_fidelity(report: dict[str, Any]) -> str:
@@ -225,4 +242,12 @@ def format_fidelity(report: dict[str, Any]) -> str:
     if ratios:
         lines.append(f"candidate time / bare: min {min(ratios):.3f} median {statistics.median(ratios):.3f} "
                      f"max {max(ratios):.3f}")
+    for preset in report.get("presets", []):
+        mine = [r for r in report["rows"] if r.get("preset") == preset]
+        spreads = [r["speedup_spread"] for r in mine if r.get("speedup_spread") is not None]
+        if mine:
+            lines.append(f"preset {preset}: median wall {statistics.median(r['wall_s'] for r in mine):.2f}s per "
+                         f"evaluation, speedup spread over {report.get('repeats')} repeats: median "
+                         f"{statistics.median(spreads) if spreads else float('nan'):.3f}, max "
+                         f"{max(spreads, default=float('nan')):.3f}")
     return "\n".join(lines)

@@ -5,7 +5,7 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
+#   Knobs: FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
 #   AUDIT_RETRY_SECONDS, PYTEST_ARGS;
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
@@ -41,7 +41,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
-    fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --out "$OUT/fidelity.json" ;;
+    fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
+                --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
     diag) python3 -P scripts/gpu_timing_diag.py ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
