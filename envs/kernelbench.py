@@ -15,6 +15,7 @@ from kb_gym.envs.spaces import CodeText
 from kb_gym.evaluator import MAX_TEXT_CHARS, Evaluator
 from kb_gym.extract import extract_code
 from kb_gym.problems import Problem, ProblemError, exclude_problems, get_problem, load_problems
+from kb_gym.problems.sizes import check_size, size_for_devices
 from kb_gym.result import EvalResult
 from kb_gym.rewards import MultiTurnReward, is_correct, is_penalised, valid_speedup
 from kb_gym.rewards.multi_turn import MODES as REWARD_MODES
@@ -111,6 +112,10 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
     ``dataset`` ("official": KB_GYM_DATASET or the Hugging Face dataset; "builtin" works offline;
     "synthetic" or "synthetic:N[:SEED]": generated problems;
     a folder, a .jsonl/.parquet file or a list of Problems), ``level`` (1, 2, 3 or None),
+    ``size`` ("auto", "cpu", "gpu": the problem size; "auto" is "gpu" when every device of the
+    evaluator is a CUDA GPU, else "cpu"; the official set has only its GPU size), ``split`` (None for
+    every problem, "train" or "test": the fixed split of docs/problems.md; the official set is all
+    "test", and "train" on it needs ``allow_official_train=True``),
     ``subset`` (problem ids or names to keep), ``exclude`` (problem keys to leave out, e.g.
     ``kb_gym.audit.passable_problems("audit.jsonl")``), ``device`` ("auto", "cpu", "cuda", "cuda:1"; used
     when the env creates its evaluator), ``max_turns``, ``reward``, ``reward_kwargs``,
@@ -125,7 +130,8 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     _spec: gym.envs.registration.EnvSpec | None = None
 
-    def __init__(self, dataset: Any = "official", level: int | None = None, *,
+    def __init__(self, dataset: Any = "official", level: int | None = None, *, size: str = "auto",
+                 split: str | None = None, allow_official_train: bool = False,
                  subset: list[int | str] | tuple[int | str, ...] | None = None,
                  exclude: list[str] | tuple[str, ...] | None = None,
                  device: str = "auto", max_turns: int = 1, reward: Any = "default",
@@ -150,7 +156,12 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
             raise TypeError(f"evaluator must be a kb_gym.Evaluator or None, got {type(evaluator).__name__}")
 
         self.level = level
-        self.problems = exclude_problems(_select(load_problems(dataset, level), subset), exclude)
+        devices = evaluator.devices if evaluator is not None else device
+        self.size = size_for_devices(devices) if check_size(size) == "auto" else size
+        self.split = split
+        problems = load_problems(dataset, level, size=size, split=split, device=devices,
+                                 allow_official_train=allow_official_train)
+        self.problems = exclude_problems(_select(problems, subset), exclude)
         if not self.problems:
             raise ProblemError("exclude leaves no problems")
         too_long = [p.key for p in self.problems if len(p.code) > MAX_TEXT_CHARS]

@@ -9,6 +9,7 @@ ENV_IDS: dict[str, dict] = {
     "KernelBench-L2-v0": {"level": 2},
     "KernelBench-L3-v0": {"level": 3},
     "KernelBench-v0": {"level": None},
+    "KernelBench-Synthetic-v0": {"dataset": "synthetic", "level": None},
 }
 """Environment ids and the keyword arguments they are registered with."""
 

@@ -79,7 +79,7 @@ def _small_problem_walls(ev: Evaluator, repeats: int) -> dict[str, Any]:
     """Per-evaluation overhead on a tiny built-in problem: what an RL loop pays per sample."""
     from kb_gym.problems import BUILTIN_DIR
 
-    problem = get_problem(load_problems("builtin"), name="level1/1_ReLU")
+    problem = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
     source = (BUILTIN_DIR / "solutions" / "level1" / "1_ReLU.py").read_text()
     ev.evaluate(problem, source)  # Triton compiles this kernel once per worker
     walls, stages = [], []

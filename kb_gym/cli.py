@@ -7,13 +7,46 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kb_gym.problems import Problem, ProblemError, get_problem, load_problems
+from kb_gym.problems import SIZE_CHOICES, SPLITS, Problem, ProblemError, get_problem, load_problems
 
 
-def _add_dataset(p: argparse.ArgumentParser, default: str = "builtin") -> None:
+def _add_dataset(p: argparse.ArgumentParser, default: str | None = "builtin", *, split: bool = True) -> None:
+    """``--dataset``, ``--size`` and (where a list of problems is worked through) ``--split``."""
     p.add_argument("--dataset", default=default,
-                   help="official | builtin | a folder of problem files | a .jsonl/.parquet file "
-                        f"(default: {default})")
+                   help="official | builtin | synthetic[:N[:SEED]] | a folder of problem files | a .jsonl/.parquet "
+                        f"file (default: {default or 'builtin'})")
+    p.add_argument("--size", default="auto", choices=SIZE_CHOICES,
+                   help="problem size: cpu, gpu, or auto (gpu when every --device is a CUDA GPU); the official set "
+                        "has its GPU size only (default: auto)")
+    if split:
+        p.add_argument("--split", default=None, choices=SPLITS,
+                       help="only the train or the test split (docs/problems.md); the official set is all test "
+                            "(default: every problem)")
+
+
+class _LoadedProblems(list):
+    """Problems the CLI loaded with --size/--split, handed on as a dataset; prints as its spec."""
+
+    def __init__(self, problems: list[Problem], spec: str) -> None:
+        super().__init__(problems)
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return self.spec
+
+    __str__ = __repr__
+
+
+def _load(args: argparse.Namespace, dataset: str | None = None, level: int | None = None,
+          device: str | None = None) -> list[Problem]:
+    """The problems ``args`` name: --dataset (or ``dataset``), --level, --size, --split; ``size auto``
+    follows the evaluator's devices (--device, or ``device``)."""
+    dataset = dataset or args.dataset or "builtin"
+    split = getattr(args, "split", None)
+    problems = load_problems(dataset, level, size=args.size, split=split,
+                             device=device or getattr(args, "device", None) or "auto")
+    spec = f"{dataset} (size={args.size}" + (f", split={split})" if split else ")")
+    return _LoadedProblems(problems, spec)
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
@@ -30,7 +63,7 @@ def _pick(problems: list[Problem], spec: str) -> Problem:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    problems = load_problems(args.dataset, level=args.level)
+    problems = _load(args, level=args.level)
     for p in problems:
         print(f"{p.key}")
     print(f"{len(problems)} problems")
@@ -40,7 +73,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from kb_gym.evaluator import Evaluator
 
-    problem = _pick(load_problems(args.dataset), args.problem)
+    problem = _pick(_load(args), args.problem)
     text = Path(args.candidate).read_text(encoding="utf-8", errors="replace")
     overrides = {"baseline": args.baseline, "precision": args.precision, "tolerance": args.tolerance}
     with Evaluator(args.device, results_path=args.results, **overrides) as ev:
@@ -63,7 +96,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     from kb_gym.evaluator import Evaluator
 
-    problems = load_problems(args.dataset, level=args.level)
+    problems = _load(args, level=args.level)
     failures = 0
     with Evaluator(args.device, results_path=False, baseline=args.baseline) as ev:
         for problem in tqdm(problems, desc=f"baselines ({args.baseline})"):
@@ -89,7 +122,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from kb_gym.demo import run_demo
 
-    return run_demo(device=args.device, dataset=args.dataset)
+    return run_demo(device=args.device, dataset=_load(args))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -106,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0 if all(r["status"] == "correct" for r in fidelity["rows"]) else 1
     from kb_gym.bench import format_report, run_bench
 
-    report = run_bench(dataset=args.dataset, device=args.device, out=args.out, repeats=args.repeats)
+    report = run_bench(dataset=_load(args), device=args.device, out=args.out, repeats=args.repeats)
     print(format_report(report))
     return 0 if all(r["status"] == "correct" for r in report["self_check"] + report["fast"]) else 1
 
@@ -119,8 +152,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if unknown:
         print(f"kb-gym audit: unknown candidate(s) {', '.join(unknown)}; known: {', '.join(TRIVIAL)}", file=sys.stderr)
         return 2
-    rows = run_audit(dataset=args.dataset, level=args.level, device=args.device, trials=args.trials, kinds=kinds,
-                     out=args.out)
+    rows = run_audit(dataset=_load(args, level=args.level), level=args.level, device=args.device, trials=args.trials,
+                     kinds=kinds, out=args.out)
     print(format_audit(rows, kinds))
     return 0
 
@@ -154,6 +187,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             data[name] = getattr(args, name)
     if args.device is not None:
         data["eval_devices"] = args.device
+    if args.size != "auto" or args.split is not None:  # else the trainer loads the dataset itself, as before
+        data["dataset"] = _load(args, data.get("dataset"), data.get("level"), data.get("eval_devices"))
     if args.plain_prompts:
         data["conversational"] = False
     if args.workers_per_device is not None:
@@ -181,7 +216,8 @@ def cmd_evaluate_model(args: argparse.Namespace) -> int:
     from kb_gym.training.errors import ModelLoadError
     from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
 
-    cfg = ModelEvalConfig(model=args.model, dataset=args.dataset, level=args.level, backend=args.backend,
+    dataset = _load(args, level=args.level) if args.size != "auto" or args.split is not None else args.dataset
+    cfg = ModelEvalConfig(model=args.model, dataset=dataset, level=args.level, backend=args.backend,
                           samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size, eval_devices=args.device,
                           eval_config=_key_values(args.eval, "eval"), out_dir=args.out)
@@ -209,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="evaluate known candidates on built-in problems and print a table")
-    _add_dataset(p)
+    _add_dataset(p, split=False)
     _add_device(p)
     p.set_defaults(func=cmd_demo)
 
@@ -221,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate one candidate file (raw source or an LLM completion)")
     p.add_argument("candidate", help="path to the candidate (.py or a text completion)")
     p.add_argument("--problem", required=True, help="LEVEL/ID (e.g. 2/17) or levelN/NAME")
-    _add_dataset(p)
+    _add_dataset(p, split=False)
     _add_device(p)
     p.add_argument("--baseline", default="eager", choices=("eager", "compile"))
     p.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"))
@@ -239,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("bench", help="the evaluator's own measurements (needs the official problems and a GPU)")
-    _add_dataset(p, default="official")
+    _add_dataset(p, default="official", split=False)
     _add_device(p)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fidelity", action="store_true",
@@ -264,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="GRPO fine-tuning of a Hugging Face causal LM against the evaluator (TRL)")
     p.add_argument("--config", default=None, help="JSON file of GRPOKernelConfig fields (see docs/training.md)")
     p.add_argument("--model", default=None, help="Hugging Face model id or local path")
-    p.add_argument("--dataset", default=None, help="problems to train on (default: builtin)")
+    _add_dataset(p, default=None)
     p.add_argument("--level", type=int, choices=(1, 2, 3), default=None)
     p.add_argument("--backend", default=None, help="prompt backend: triton or cuda")
     p.add_argument("--reward", default=None, help="reward preset name (default, fast_p, kevin, drkernel)")

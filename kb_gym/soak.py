@@ -93,7 +93,7 @@ def _sample(ev: Evaluator, me: int) -> dict[str, Any]:
 def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed: int = 0,
              max_minutes: float = 60.0, out: str | None = None, workers_per_device: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
-    problems = load_problems("builtin")
+    problems = load_problems("builtin", size="cpu")  # many evaluations fast: the small size on any device
     honest = [(get_problem(problems, name=f"{p.parent.name}/{p.stem}"), p.read_text())
               for p in sorted((BUILTIN_DIR / "solutions").glob("level*/*.py"))]
     relu = get_problem(problems, name="level1/1_ReLU")

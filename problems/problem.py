@@ -18,7 +18,9 @@ class Problem:
     """A reference ``Model`` with ``get_inputs()`` / ``get_init_inputs()``, as KernelBench writes it.
 
     ``id`` is the number before the first ``_`` of the name, ``source`` says where it came from
-    (a file path, ``hf:...``, ``jsonl:...``) so errors can point at it.
+    (a file path, ``hf:...``, ``jsonl:...``) so errors can point at it. ``size`` is the size the code
+    is written for: ``"cpu"``, ``"gpu"``, or ``""`` when unknown (see docs/problems.md). The key does
+    not include it; the same problem at two sizes differs by ``code_hash``.
     """
 
     id: int
@@ -27,6 +29,7 @@ class Problem:
     code: str
     source: str = ""
     tags: tuple[str, ...] = field(default=())
+    size: str = ""
 
     @property
     def key(self) -> str:
@@ -39,12 +42,12 @@ class Problem:
 
     def to_dict(self) -> dict:
         return {"problem_id": self.id, "name": self.name, "level": self.level, "code": self.code,
-                "source": self.source}
+                "source": self.source, "size": self.size}
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
         return cls(id=int(data["problem_id"]), name=str(data["name"]), level=int(data["level"]),
-                   code=str(data["code"]), source=str(data.get("source", "")))
+                   code=str(data["code"]), source=str(data.get("source", "")), size=str(data.get("size", "")))
 
 
 def reference_as_candidate(problem: Problem) -> str:

@@ -6,7 +6,7 @@ import time
 from kb_gym import Evaluator, get_problem, load_problems
 from kb_gym.problems import reference_as_candidate
 
-problems = load_problems("builtin")
+problems = load_problems("builtin", size="cpu")
 relu = get_problem(problems, name="level1/1_ReLU")
 t0 = time.perf_counter()
 with Evaluator("cuda:0", results_path=False, baseline_cache=False) as ev:

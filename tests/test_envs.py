@@ -5,6 +5,7 @@ need a worker use the ReLU problem and share one module-wide Evaluator with smal
 everything else uses garbage actions, which the evaluator answers without a worker.
 """
 
+import json
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import kb_gym
 from kb_gym import EvalResult, Evaluator, ProblemError
 from kb_gym.demo import WRONG_RELU
 from kb_gym.envs import ENV_IDS, CodeText, KernelBenchEnv, SharedEvaluator, make_vector_env, register_envs
-from kb_gym.problems import BUILTIN_DIR, Problem
+from kb_gym.problems import BUILTIN_DIR, Problem, get_problem, load_problems, select_split
 from kb_gym.prompts import build_prompt
 from kb_gym.rewards import get_reward
 
@@ -87,6 +88,81 @@ def test_default_dataset_is_official_with_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("KB_GYM_DATASET", str(tmp_path / "missing"))
     with pytest.raises(ProblemError, match="KB_GYM_DATASET"):
         gym.make("KernelBench-L1-v0")
+
+
+# --- sizes and splits ------------------------------------------------------------------------------
+
+def test_size_follows_the_evaluator_device(evaluator):
+    envs = []
+    try:
+        cpu = make(device="cpu")
+        gpu = make(device="cuda")  # the device names decide; no evaluator starts before a step
+        shared = make(device="cuda", evaluator=evaluator)  # a shared evaluator's devices win (cpu)
+        explicit = make(size="gpu", evaluator=evaluator)
+        envs = [cpu, gpu, shared, explicit]
+        assert [e.unwrapped.size for e in envs] == ["cpu", "gpu", "cpu", "gpu"]
+        for env, size in zip(envs, ["cpu", "gpu", "cpu", "gpu"], strict=True):
+            assert {p.size for p in env.unwrapped.problems} == {size}
+        relu = {e.unwrapped.size: get_problem(e.unwrapped.problems, name="1_ReLU") for e in (cpu, gpu)}
+        assert relu["cpu"].key == relu["gpu"].key and relu["cpu"].code != relu["gpu"].code
+        assert explicit.reset(options=RELU)[0]["reference"] == relu["gpu"].code
+        assert "# gpu:" not in relu["gpu"].code and "# gpu:" not in relu["cpu"].code
+        with pytest.raises(ProblemError, match="size must be one of"):
+            make(size="huge")
+    finally:
+        for env in envs:
+            env.close()
+
+
+def test_split_keeps_one_side(evaluator):
+    env = make("KernelBench-v0", evaluator=evaluator, split="test")
+    try:
+        keys = [p.key for p in env.unwrapped.problems]
+        assert keys == [p.key for p in load_problems("builtin", size="cpu", split="test")]
+        train = make("KernelBench-v0", evaluator=evaluator, split="train")
+        assert not set(keys) & {p.key for p in train.unwrapped.problems}
+        assert len(keys) + len(train.unwrapped.problems) == len(load_problems("builtin", size="cpu"))
+        assert env.unwrapped.split == "test" and env.reset(seed=3)[1]["problem_key"] in keys
+        train.close()
+        with pytest.raises(ProblemError, match="split must be"):
+            make(split="dev")
+    finally:
+        env.close()
+
+
+def test_official_env_split_and_size(monkeypatch, tmp_path):
+    rows = [p.to_dict() for p in load_problems("builtin", level=1, size="gpu")]
+    (tmp_path / "level_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("KB_GYM_DATASET", str(tmp_path))
+    with pytest.raises(ProblemError, match="evaluation set"):
+        gym.make("KernelBench-L1-v0", device="cpu", split="train")
+    env = gym.make("KernelBench-L1-v0", device="cpu", split="train", allow_official_train=True)
+    try:  # on a CPU device "auto" still takes the official set at its one (GPU) size
+        assert len(env.unwrapped.problems) == len(rows) and {p.size for p in env.unwrapped.problems} == {"gpu"}
+    finally:
+        env.close()
+    with pytest.raises(ProblemError, match="size='cpu'"):
+        gym.make("KernelBench-L1-v0", device="cpu", size="cpu")
+
+
+def test_synthetic_env_id():
+    env = gym.make("KernelBench-Synthetic-v0", device="cpu")
+    try:
+        base = env.unwrapped
+        assert isinstance(base, KernelBenchEnv) and len(base.problems) == 100
+        assert {p.level for p in base.problems} == {1, 2} and {p.size for p in base.problems} == {"cpu"}
+        assert all(p.source.startswith("synthetic:") for p in base.problems)
+        obs, info = env.reset(seed=0)
+        assert obs["reference"] == get_problem(base.problems, name=info["problem_key"]).code
+    finally:
+        env.close()
+    small = gym.make("KernelBench-Synthetic-v0", dataset="synthetic:20:3", device="cuda", split="train")
+    try:
+        problems = small.unwrapped.problems
+        assert {p.size for p in problems} == {"gpu"} and 0 < len(problems) < 20
+        assert problems == select_split(load_problems("synthetic:20:3", size="gpu"), "train")
+    finally:
+        small.close()
 
 
 # --- the API checker ------------------------------------------------------------------------------

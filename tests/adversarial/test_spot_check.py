@@ -1,7 +1,7 @@
 """Timed outputs checked on chunks the judge draws after "done" (worker/spot_check.py): what it must catch.
 
 GPU-sized outputs (hundreds of MB) are spot-checked on every timed call instead of crossing whole; these
-tests lower the threshold so a 1 MB output on the CPU takes the same path.
+tests lower the threshold so a 128 KB output on the CPU takes the same path.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from kb_gym.worker.spot_check import (
 from kb_gym.worker.tensors import describe
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
+# 128 KB of output: 32 chunks of 4 KB, 16 drawn per call (small, so the CPU envelope stays quiet)
 BIG_GELU = Problem(id=2, name="2_BigGELU", level=1, code=GELU.code.replace("torch.randn(64, 256)",
-                                                                           "torch.randn(256, 1024)"))
+                                                                           "torch.randn(128, 256)"))
 SAMPLED = TIMED.replace(timed_output_sample_bytes=1024)
 
 FIND_RUNNER = '''
@@ -95,7 +96,7 @@ def test_an_honest_large_output_is_spot_checked_and_judged_as_when_it_crosses_wh
     whole = ev.evaluate(BIG_GELU, HONEST, config=SAMPLED.replace(timed_output_sample_bytes=0))
     for r in (spot, whole):
         assert r.status == "correct" and set(r.flags) <= {"no_custom_kernel"}, (r.status, r.flags, r.error)
-    assert spot.correctness["timed_output_check"] == {"chunks_per_call": 16, "chunk_bytes": 16384}
+    assert spot.correctness["timed_output_check"] == {"chunks_per_call": 16, "chunk_bytes": 4096}
     assert whole.correctness["timed_output_check"] == "whole"
 
 

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return torch.clamp_min(inp, 0.0)
 
 
-rows = 48
-cols = 1500
+rows = 48  # gpu: 16384
+cols = 1500  # gpu: 32768
 
 
 def get_inputs():

@@ -17,8 +17,8 @@ class Model(nn.Module):
         return F.gelu(v, approximate="tanh")
 
 
-n_tokens = 96
-width = 640
+n_tokens = 96  # gpu: 32768
+width = 640  # gpu: 16384
 
 
 def get_inputs():

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return torch.softmax(scores, dim=-1)
 
 
-n_rows = 256
-n_cols = 80
+n_rows = 256  # gpu: 131072
+n_cols = 80  # gpu: 4096
 
 
 def get_inputs():

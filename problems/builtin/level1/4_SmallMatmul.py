@@ -12,9 +12,9 @@ class Model(nn.Module):
         return lhs @ rhs
 
 
-M_DIM = 160
-K_DIM = 96
-N_DIM = 224
+M_DIM = 160  # gpu: 16384
+K_DIM = 96  # gpu: 1024
+N_DIM = 224  # gpu: 8192
 
 
 def get_inputs():

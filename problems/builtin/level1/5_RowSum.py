@@ -13,8 +13,8 @@ class Model(nn.Module):
         return inp.sum(dim=1)
 
 
-n_rows = 256
-n_cols = 700
+n_rows = 256  # gpu: 32768
+n_cols = 700  # gpu: 32768
 
 
 def get_inputs():

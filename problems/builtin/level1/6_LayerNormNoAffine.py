@@ -19,8 +19,8 @@ class Model(nn.Module):
         return F.layer_norm(acts, (self.hidden,), eps=self.eps)
 
 
-tokens = 120
-hidden = 512
+tokens = 120  # gpu: 131072
+hidden = 512  # gpu: 4096
 eps = 1e-5
 
 

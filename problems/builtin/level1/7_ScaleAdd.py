@@ -14,7 +14,7 @@ class Model(nn.Module):
 
 
 alpha = 0.75
-shape = (24, 40, 50)
+shape = (24, 40, 50)  # gpu: (64, 2048, 2048)
 
 
 def get_inputs():

@@ -16,10 +16,10 @@ class Model(nn.Module):
         return self.table(ids)
 
 
-vocab = 1000
-dim = 128
-batch = 6
-seq = 50
+vocab = 1000  # gpu: 32000
+dim = 128  # gpu: 1024
+batch = 6  # gpu: 128
+seq = 50  # gpu: 4096
 
 
 def get_inputs():

@@ -19,10 +19,10 @@ class Model(nn.Module):
         return y + self.channel_offset
 
 
-n_images = 4
-c_in = 8
-c_out = 24
-side = 28
+n_images = 4  # gpu: 64
+c_in = 8  # gpu: 64
+c_out = 24  # gpu: 128
+side = 28  # gpu: 128
 kernel = 3
 
 

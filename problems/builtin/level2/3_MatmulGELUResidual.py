@@ -17,8 +17,8 @@ class Model(nn.Module):
         return x + F.gelu(self.fc(x))
 
 
-n_rows = 128
-width = 320
+n_rows = 128  # gpu: 16384
+width = 320  # gpu: 3072
 
 
 def get_inputs():

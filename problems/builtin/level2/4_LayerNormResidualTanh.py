@@ -20,8 +20,8 @@ class Model(nn.Module):
         return torch.tanh(x + self.norm(x))
 
 
-n_tokens = 160
-features = 256
+n_tokens = 160  # gpu: 65536
+features = 256  # gpu: 4096
 
 
 def get_inputs():

@@ -20,9 +20,9 @@ class Model(nn.Module):
         return s * torch.sigmoid(self.gate_logits)
 
 
-batch = 96
-d_in = 200
-d_out = 300
+batch = 96  # gpu: 12288
+d_in = 200  # gpu: 2048
+d_out = 300  # gpu: 4096
 
 
 def get_inputs():

@@ -22,11 +22,11 @@ class Model(nn.Module):
         return z.sum(dim=1, keepdim=True)
 
 
-n_images = 8
-c_in = 3
-c_out = 16
-height = 34
-width = 30
+n_images = 8  # gpu: 64
+c_in = 3  # gpu: 16
+c_out = 16  # gpu: 64
+height = 34  # gpu: 258
+width = 30  # gpu: 250
 kernel = 3
 lo = -0.25
 hi = 1.0

@@ -36,11 +36,11 @@ class Model(nn.Module):
         return h + self.down(F.gelu(self.up(self.ln_mlp(h))))
 
 
-batch = 4
-seq = 64
-d_model = 128
-n_heads = 4
-d_ff = 512
+batch = 4  # gpu: 8
+seq = 64  # gpu: 1024
+d_model = 128  # gpu: 1024
+n_heads = 4  # gpu: 16
+d_ff = 512  # gpu: 4096
 
 
 def get_inputs():

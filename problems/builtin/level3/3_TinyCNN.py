@@ -22,11 +22,11 @@ class Model(nn.Module):
         return self.head(y)
 
 
-n_images = 8
+n_images = 8  # gpu: 64
 c_in = 3
-img_side = 32
-width = 16
-n_classes = 10
+img_side = 32  # gpu: 224
+width = 16  # gpu: 64
+n_classes = 10  # gpu: 100
 
 
 def get_inputs():

@@ -31,10 +31,10 @@ class Model(nn.Module):
         return x
 
 
-n_images = 2
+n_images = 2  # gpu: 32
 c_in = 3
-side = 24
-channels = 16
+side = 24  # gpu: 128
+channels = 16  # gpu: 64
 n_blocks = 2
 
 
