@@ -351,7 +351,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       reads_confined="readable" in box,
                       seccomp=bool(box.get("seccomp")), private_shm_mb=int(box.get("private_shm_mb") or 0),
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
-                      runner_forked=bool(runner.get("forked")))
+                      runner_forked=bool(runner.get("forked")),
+                      build_cached=bool(runner.get("build_cached")))
         if runner.get("zygote_error"):
             fields["zygote_error"] = runner["zygote_error"]
     return fields

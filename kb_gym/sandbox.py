@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from typing import Any
 
 _BASE = ["--pid", "--net", "--mount", "--fork", "--mount-proc", "--kill-child"]
@@ -129,6 +130,29 @@ def freeze_tree(pid: int) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
     return sorted(stopped)
+
+
+def wait_stopped(pids: list[int], timeout: float = 1.0) -> bool:
+    """Whether every one of ``pids`` is stopped (or gone) within ``timeout``: SIGSTOP lands when a process
+    next leaves the kernel, so one inside a long write is still running when os.kill returns."""
+    deadline = time.monotonic() + timeout
+    pending = list(pids)
+    while pending:
+        pending = [p for p in pending if _state(p) not in ("T", "t", "Z", "X", None)]
+        if not pending:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def thaw(pids: list[int]) -> None:

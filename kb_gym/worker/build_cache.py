@@ -2,22 +2,35 @@
 the build.
 
 A ``load_inline`` build takes nvcc tens of seconds; each runner is new, so without this every
-evaluation of a CUDA candidate would rebuild. The runner never sees the cache: before it loads a
-candidate, the judge copies in the entry for that candidate's source hash (and nothing else), and
-after a load that built something the judge copies the runner's build folder out under the same
-hash, once the runner is dead (nothing can change the folder mid-copy), regular files only. An
-entry counts only once its ``complete`` marker is written after the copy, so a half-written
-one (a judge killed mid-copy) is rebuilt, never loaded. What a candidate leaves in its own build
-folder can only ever reach later evaluations of the very same source.
+evaluation of a CUDA candidate would rebuild. One cache per machine (``KB_GYM_EXTENSIONS_DIR``, under
+the kb_gym cache folder), shared by every judge of every Evaluator on the host. An entry is keyed by the
+candidate's source and the toolchain (torch, CUDA and Python versions, the GPU's architecture, the
+compilers named in the environment), never by the name the candidate gives its extension. The runner
+never sees the cache: before it loads a candidate, the judge copies in the entry for that key (and
+nothing else); after a load that built something, the judge copies the runner's build folder out
+under the same key with the runner and all its processes stopped (nothing can change the folder
+mid-copy), regular files only. An entry counts only once its ``complete`` marker is written after
+the copy, so a half-written one (a judge killed mid-copy) is rebuilt, never loaded. While one judge
+builds a source no entry has, others given the same source wait for it (``building``) and then load
+its entry. What a candidate leaves in its own build folder can only ever reach later evaluations of
+the very same source.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import stat
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 MARKER = "complete"
 
@@ -27,14 +40,50 @@ def _root() -> Path | None:
     return Path(root) if root else None
 
 
-def source_key(source: str) -> str:
-    return hashlib.sha256(source.encode(errors="replace")).hexdigest()[:24]
+def toolchain(device: torch.device) -> str:
+    """What a build depends on besides its source: the same source built for another GPU architecture or
+    torch is another entry."""
+    parts = [torch.__version__, str(torch.version.cuda), sys.version.split()[0], platform.machine(),
+             *(os.environ.get(name, "") for name in ("TORCH_CUDA_ARCH_LIST", "CXX", "CC", "CUDA_HOME"))]
+    if device.type == "cuda":
+        parts.append("sm_{}{}".format(*torch.cuda.get_device_capability(device)))
+    return "|".join(parts)
 
 
-def restore(source: str, runner_ext: Path) -> bool:
+def source_key(source: str, tools: str = "") -> str:
+    return hashlib.sha256(tools.encode() + b"\0" + source.encode(errors="replace")).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def building(source: str, tools: str, timeout: float) -> Iterator[None]:
+    """Held around restore, load and keep: a second judge given the same source while the first builds it
+    waits here (up to ``timeout``, then builds itself) and finds the entry when it gets in."""
+    root = _root()
+    if root is None:
+        yield
+        return
+    locks = root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / f"{source_key(source, tools)}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    deadline = time.monotonic() + max(0.0, timeout)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break  # the other build is taking too long: build here too
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; a judge that dies releases it too
+
+
+def restore(source: str, runner_ext: Path, tools: str = "") -> bool:
     """Copy the cached build of ``source`` into a runner's build folder; True on a hit."""
     root = _root()
-    entry = root / source_key(source) if root else None
+    entry = root / source_key(source, tools) if root else None
     if entry is None or not (entry / MARKER).is_file():
         return False
     try:
@@ -44,13 +93,13 @@ def restore(source: str, runner_ext: Path) -> bool:
     return True
 
 
-def keep(source: str, runner_ext: Path) -> None:
-    """After a runner is dead: keep what it built for ``source``. Regular files only, opened without
-    following links (a link planted to a file of the judge's would otherwise be copied in)."""
+def keep(source: str, runner_ext: Path, tools: str = "") -> None:
+    """With the runner stopped or dead: keep what it built for ``source``. Regular files only, opened
+    without following links (a link planted to a file of the judge's would otherwise be copied in)."""
     root = _root()
     if root is None or not runner_ext.is_dir() or not any(runner_ext.iterdir()):
         return
-    entry = root / source_key(source)
+    entry = root / source_key(source, tools)
     if (entry / MARKER).is_file():
         return
     staging = root / f".{entry.name}.{os.getpid()}.tmp"

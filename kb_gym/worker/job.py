@@ -176,13 +176,9 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "overhead_ms": calibration.overhead_ms if calibration else None,
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
-                                "startup_seconds": runner.info.get("startup_seconds")}
-            # A build is kept only once the runner is dead: nothing can change its folder while it is copied.
-            keep = bool(result.get("compiled")) and not result.get("build_cached")
-            runner.kill(keep_scratch=keep)
-            if keep:
-                build_cache.keep(job["source"], runner.scratch / "ext")
-                shutil.rmtree(runner.scratch, ignore_errors=True)
+                                "startup_seconds": runner.info.get("startup_seconds"),
+                                "build_cached": bool(result.get("build_cached"))}
+            runner.kill()
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -231,9 +227,15 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         state["runner"] = runner
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic())
-        result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext")
-        runner.load(job["source"], seed, timeout=deadline - time.monotonic())
-        result["compiled"] = True
+        tools = build_cache.toolchain(device)
+        with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
+            result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
+            runner.load(job["source"], seed, timeout=deadline - time.monotonic())
+            result["compiled"] = True
+            if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
+                with runner.stopped() as still:
+                    if still:
+                        build_cache.keep(job["source"], runner.scratch / "ext", tools)
     stages["load"] = time.perf_counter() - t0
 
     if job.get("device_lock") and (has_candidate or cfg["timing"]):

@@ -334,6 +334,16 @@ class RunnerProcess:
         finally:
             sandbox.thaw(procs)
 
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[bool]:
+        """Frozen, and waited for until every process of it is in the stopped state (a process inside a
+        long write finishes it first); yields whether they all got there."""
+        procs = sandbox.freeze_tree(self.pid)
+        try:
+            yield sandbox.wait_stopped(procs)
+        finally:
+            sandbox.thaw(procs)
+
     def kill(self, keep_scratch: bool = False) -> None:
         self._large_buffer = None
         if self.proc is not None:

@@ -4,8 +4,8 @@ Every candidate here rewrites its own runner (found through ``gc``): the design 
 runner is trusted, so each attack below is one the runner's harness could be made to carry out. Tests
 that the design stops assert the verdict and that the next honest evaluation on the same Evaluator is
 clean. Two attacks got through when this pass was made and were fixed since (the runner is frozen
-while the spare calibrates and while the baseline runs; the build cache copies only once the runner is
-dead, regular files only, without following links); their tests are plain tests now.
+while the spare calibrates and while the baseline runs; the build cache copies only with the runner
+stopped, regular files only, without following links); their tests are plain tests now.
 ``integrity="off"`` throughout: the runtime design must hold when the static checks miss.
 """
 
@@ -248,7 +248,8 @@ def secret_file():
 
 def test_the_build_cache_copies_no_file_from_outside_the_runner(monkeypatch, tmp_path, secret_file):
     """Files swapped for links to a secret after the judge's listing were followed by the judge's copy:
-    the build is now kept only once the runner is dead, regular files only, opened without following links."""
+    the build is now kept with the runner and all its threads stopped, regular files only, opened without
+    following links."""
     path, secret = secret_file
     cache = tmp_path / "extensions"
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(cache))
