@@ -57,3 +57,23 @@ def test_one_extension_name_for_two_sources_is_two_entries(monkeypatch, tmp_path
     assert [r.status for r in first] == [r.status for r in again] == ["correct", "incorrect"]
     assert [r.worker["build_cached"] for r in first + again] == [False, False, True, True]
     assert max(r.stage_seconds["load"] for r in again) < 0.5 * min(r.stage_seconds["load"] for r in first)
+
+
+def test_only_sources_that_may_build_an_extension_wait_for_each_other(monkeypatch, tmp_path):
+    """Two copies of a Triton or PyTorch candidate load side by side (tests/test_evaluator.py times it);
+    only a source naming torch's extension builder takes the per-source lock."""
+    import time
+
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    assert build_cache.may_build(CPP_EXTENSION) and not build_cache.may_build("import triton\nclass ModelNew: ...")
+    assert not build_cache.may_build("import time  # stands in for a load_inline build")  # comments do not count
+    assert build_cache.may_build("import torch.utils.cpp_extension as c") and build_cache.may_build(
+        'f = getattr(c, "load_inline")')
+    with build_cache.building("import torch", "t", timeout=5):
+        t0 = time.monotonic()
+        with build_cache.building("import torch", "t", timeout=5):
+            assert time.monotonic() - t0 < 0.5
+    with build_cache.building(CPP_EXTENSION, "t", timeout=5):
+        t0 = time.monotonic()
+        with build_cache.building(CPP_EXTENSION, "t", timeout=0.3):  # held: waits, then goes on
+            assert time.monotonic() - t0 >= 0.3

@@ -18,6 +18,7 @@ the very same source.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
 import hashlib
@@ -54,12 +55,37 @@ def source_key(source: str, tools: str = "") -> str:
     return hashlib.sha256(tools.encode() + b"\0" + source.encode(errors="replace")).hexdigest()[:24]
 
 
+_BUILDER_NAMES = ("cpp_extension", "load_inline")
+
+
+def may_build(source: str) -> bool:
+    """Whether loading ``source`` may compile an extension: its code (not its comments) names torch's
+    extension builder, as a name, an attribute, an import or a string. Only such sources are serialised
+    by ``building``: two copies of a Python or Triton candidate load side by side. A miss costs only a
+    second build, never a wrong one."""
+    if not any(name in source for name in _BUILDER_NAMES):
+        return False
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        text = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.module or "" if isinstance(node, ast.ImportFrom)
+                else " ".join(a.name for a in node.names) if isinstance(node, ast.Import)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else "")
+        if any(name in text for name in _BUILDER_NAMES):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def building(source: str, tools: str, timeout: float) -> Iterator[None]:
     """Held around restore, load and keep: a second judge given the same source while the first builds it
-    waits here (up to ``timeout``, then builds itself) and finds the entry when it gets in."""
+    waits here (up to ``timeout``, then builds itself) and finds the entry when it gets in. A source that
+    builds nothing (``may_build``) never waits."""
     root = _root()
-    if root is None:
+    if root is None or not may_build(source):
         yield
         return
     locks = root / ".locks"
