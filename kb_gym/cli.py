@@ -126,6 +126,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.batch:
+        from kb_gym.batch_bench import format_batch, run_batch
+        from kb_gym.problems.sizes import size_for_devices
+
+        size = size_for_devices(args.device) if args.size == "auto" else args.size
+        report = run_batch(device=args.device, size=size, kernelbench_way_too=not args.no_kernelbench_way,
+                           out=args.out)
+        print(format_batch(report))
+        return 0
     if args.fidelity:
         import json
 
@@ -280,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fidelity", action="store_true",
                    help="only the fidelity benchmark: our honest kernels, Evaluator time against bare timings")
+    p.add_argument("--batch", action="store_true",
+                   help="only the throughput batch: 64 mixed candidates through the Evaluator, and the KernelBench way")
+    p.add_argument("--no-kernelbench-way", action="store_true", help="with --batch: skip the KernelBench-way run")
     p.add_argument("--presets", default="default",
                    help="with --fidelity: comma-separated EvalConfig presets to compare, e.g. default,rl")
     p.add_argument("--out", default=None, help="write the full report as JSON here")
