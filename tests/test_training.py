@@ -296,3 +296,15 @@ def test_cli_train_builds_its_config_from_flags_file_and_audit(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="unknown training option"):
         (tmp_path / "bad.json").write_text(json.dumps({"model": "m", "epochs": 1}))
         main(["train", "--config", str(tmp_path / "bad.json")])
+
+
+def test_prompts_are_built_at_the_size_the_evaluator_will_run():
+    """The policy sees the code it is judged on: GPU size for GPU evaluators, CPU size for CPU ones."""
+    from kb_gym.training import build_prompt_dataset
+
+    def relu_prompt(**kw) -> str:
+        rows = build_prompt_dataset("builtin", level=1, conversational=False, one_shot=False, **kw)
+        return next(r["prompt"] for r in rows if r["problem_key"] == "level1/1_ReLU")
+
+    assert "16384" in relu_prompt(size="gpu") and "16384" not in relu_prompt(devices="cpu")
+    assert relu_prompt(devices=["cuda:0"]) == relu_prompt(size="gpu")

@@ -28,19 +28,22 @@ def prompt_rows(problems: Sequence[Problem], backend: str | PromptBackend = DEFA
 def build_prompt_dataset(dataset: str | Sequence[Problem] = "builtin", *, level: int | None = None,
                          backend: str | PromptBackend = DEFAULT_BACKEND, conversational: bool = True,
                          system: bool = True, one_shot: bool = True, repeat: int = 1,
-                         exclude: Sequence[str] | None = None) -> Any:
+                         exclude: Sequence[str] | None = None, size: str = "auto",
+                         devices: str | Sequence[str] | None = None) -> Any:
     """A ``datasets.Dataset`` of prompts for ``dataset`` (any source :func:`load_problems` takes).
 
     ``conversational``: ``prompt`` is a list of chat messages (TRL applies the model's chat
     template), else one string. ``system=False`` folds the rules into the user message, for chat
     templates without a system role. ``repeat`` lists every problem that many times (an epoch over a
     small set then holds more steps). ``exclude``: problem keys to leave out (for instance
-    ``kb_gym.audit.passable_problems("audit.jsonl")``: problems a trivial output passes).
+    ``kb_gym.audit.passable_problems("audit.jsonl")``: problems a trivial output passes). ``size``:
+    the problems' size, ``"auto"`` by ``devices`` (the evaluator's: GPU size when all are GPUs; None: by
+    whether torch sees a GPU); the reward function must look them up at the same size.
     """
     from datasets import Dataset
 
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    problems = exclude_problems(load_problems(dataset, level=level), exclude)
+    problems = exclude_problems(load_problems(dataset, level=level, size=size, device=devices), exclude)
     rows = prompt_rows(problems, backend, conversational=conversational, system=system, one_shot=one_shot)
     return Dataset.from_list(rows * repeat)

@@ -33,6 +33,7 @@ class ModelEvalConfig:
     Args:
         model: a Hugging Face model id or local path (a causal LM with a chat template).
         dataset, level: the problems (anything ``load_problems`` takes).
+        size: the problems' size (``"auto"``: GPU size when ``eval_devices`` are all GPUs, else CPU size).
         samples: answers per problem (fast_p uses all of them; ``best_of`` keeps each problem's best).
         temperature: 0 is greedy (then ``samples`` > 1 repeats the same answer); > 0 samples.
         max_new_tokens, batch_size: generation limits (prompts per ``generate`` call).
@@ -43,6 +44,7 @@ class ModelEvalConfig:
     model: str
     dataset: str = "builtin"
     level: int | None = None
+    size: str = "auto"
     backend: str = DEFAULT_BACKEND
     one_shot: bool = True
     samples: int = 1
@@ -104,7 +106,7 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     """
     if cfg.samples < 1:
         raise ValueError(f"samples must be at least 1, got {cfg.samples}")
-    problems = load_problems(cfg.dataset, level=cfg.level)
+    problems = load_problems(cfg.dataset, level=cfg.level, size=cfg.size, device=cfg.eval_devices)
     if generate is None:
         model, tokenizer = load_hf_model(cfg.model)
         generate = hf_generate_fn(model, tokenizer, cfg)

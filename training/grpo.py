@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb_gym.config import EvalConfig
+from kb_gym.problems import load_problems
 from kb_gym.training.dataset import build_prompt_dataset
 from kb_gym.training.errors import ModelLoadError
 from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
@@ -26,6 +27,9 @@ class GRPOKernelConfig:
         model: a Hugging Face model id or local path (any causal LM with a chat template when
             ``conversational``).
         dataset, level: the problems to train on (anything ``load_problems`` takes).
+        size, split: the problems' size (``"auto"``: GPU size when ``eval_devices`` are all GPUs) and
+            split (``"train"``, ``"test"``, None: all). Loaded once, so the prompts and the reward
+            function see the same problems.
         backend: the prompt's kernel language (``"triton"`` or ``"cuda"``).
         conversational: chat-message prompts (the model's chat template applies) or plain strings.
         one_shot: include the worked example in every prompt.
@@ -42,6 +46,8 @@ class GRPOKernelConfig:
     model: str
     dataset: str = "builtin"
     level: int | None = None
+    size: str = "auto"
+    split: str | None = None
     backend: str = "triton"
     conversational: bool = True
     one_shot: bool = True
@@ -63,11 +69,12 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
     """
     from trl import GRPOConfig, GRPOTrainer
 
-    dataset = build_prompt_dataset(cfg.dataset, level=cfg.level, backend=cfg.backend,
+    problems = load_problems(cfg.dataset, level=cfg.level, size=cfg.size, split=cfg.split, device=cfg.eval_devices)
+    dataset = build_prompt_dataset(problems, backend=cfg.backend,
                                    conversational=cfg.conversational, one_shot=cfg.one_shot, repeat=cfg.repeat,
                                    exclude=cfg.exclude)
     reward_fn = KernelRewardFunction(KernelRewardConfig(
-        reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=cfg.dataset, devices=cfg.eval_devices,
+        reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=problems, devices=cfg.eval_devices,
         workers_per_device=cfg.workers_per_device, eval_config=EvalConfig(**cfg.eval_config),
         results_path=cfg.results_path))
     grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}

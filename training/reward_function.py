@@ -31,6 +31,8 @@ class KernelRewardConfig:
         reward: a reward preset name from ``kb_gym.rewards`` (``"default"``, ``"fast_p"``, ``"kevin"``,
             ``"drkernel"`` or one registered by the user), with ``reward_kwargs`` bound to it.
         dataset: where ``problem_key`` values are looked up (anything ``load_problems`` takes).
+        size: the problems' size (``"auto"``: GPU size when ``devices`` are all GPUs, else CPU size);
+            the prompts must come from the same size (``build_prompt_dataset(..., size=...)``).
         devices: the Evaluator's devices when the function builds its own (``"auto"``: every GPU).
         workers_per_device: its warm workers per device (compiles overlap; kernels take turns).
         eval_config: the EvalConfig of every evaluation (None: the defaults).
@@ -41,6 +43,7 @@ class KernelRewardConfig:
     reward: str = "default"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     dataset: str | Sequence[Problem] = "builtin"
+    size: str = "auto"
     devices: str | Sequence[str] = "auto"
     workers_per_device: int = 1
     eval_config: EvalConfig | None = None
@@ -73,7 +76,8 @@ class KernelRewardFunction:
         self.config = config or KernelRewardConfig()
         self.__name__ = self.config.name  # TRL names the reward column and its metrics by this
         self._reward = get_reward(self.config.reward, **self.config.reward_kwargs)
-        problems = load_problems(self.config.dataset)
+        devices = evaluator.devices if evaluator is not None else self.config.devices
+        problems = load_problems(self.config.dataset, size=self.config.size, device=devices)
         self.problems: dict[str, Problem] = {p.key: p for p in problems}
         self._own_evaluator = evaluator is None
         self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,

@@ -77,6 +77,8 @@ class KernelToolEnvFactory:
 
     Args:
         dataset: where ``problem_key`` values are looked up (anything ``load_problems`` takes).
+        size: the problems' size (``"auto"``: GPU size when the evaluator's devices are all GPUs); the
+            prompts must come from the same size.
         reward, reward_kwargs: the reward preset by name, and its parameters.
         max_submissions: tool calls evaluated per rollout; later calls are answered without running.
         score: ``"best"`` (the best submission counts: free exploration) or ``"last"`` (the final one
@@ -88,13 +90,14 @@ class KernelToolEnvFactory:
     def __init__(self, dataset: str | Sequence[Problem] = "builtin", *, reward: str = "default",
                  reward_kwargs: dict[str, Any] | None = None, max_submissions: int = 4, score: str = "best",
                  evaluator: Evaluator | None = None, devices: str | Sequence[str] = "auto",
-                 eval_config: EvalConfig | None = None, workers_per_device: int = 1) -> None:
+                 eval_config: EvalConfig | None = None, workers_per_device: int = 1, size: str = "auto") -> None:
         if max_submissions < 1:
             raise ValueError(f"max_submissions must be at least 1, got {max_submissions}")
         if score not in ("best", "last"):
             raise ValueError(f"score must be 'best' or 'last', got {score!r}")
         self.score = score
-        self.problems = {p.key: p for p in load_problems(dataset)}
+        where = evaluator.devices if evaluator is not None else devices
+        self.problems = {p.key: p for p in load_problems(dataset, size=size, device=where)}
         self.reward = get_reward(reward, **(reward_kwargs or {}))
         self.max_submissions = max_submissions
         self._own_evaluator = evaluator is None
