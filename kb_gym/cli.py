@@ -187,8 +187,8 @@ def _key_values(pairs: list[str], what: str) -> dict:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
-    from kb_gym.training.errors import ModelLoadError
-    from kb_gym.training.grpo import config_from_dict, train
+    from kb_gym.training.errors import ConfigError, ModelLoadError
+    from kb_gym.training.grpo import check_config, config_from_dict, train
 
     data = json.loads(Path(args.config).read_text()) if args.config else {}
     for name in ("model", "dataset", "level", "reward", "backend"):
@@ -210,6 +210,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         data["exclude"] = sorted(set(data.get("exclude", [])) | set(passable_problems(args.exclude_audit)))
     try:
         cfg = config_from_dict(data)
+        check_config(cfg)
+    except ConfigError as exc:  # a typo is one line and exit code 2, before any model loads
+        print(f"kb-gym train: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"kb-gym train: {exc}") from None
     try:
@@ -222,8 +226,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate_model(args: argparse.Namespace) -> int:
     from kb_gym.report import format_table
-    from kb_gym.training.errors import ModelLoadError
+    from kb_gym.training.config_check import check_eval_config
+    from kb_gym.training.errors import ConfigError, ModelLoadError
     from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
+
+    try:
+        check_eval_config(_key_values(args.eval, "eval"))
+    except ConfigError as exc:
+        print(f"kb-gym evaluate-model: {exc}", file=sys.stderr)
+        return 2
 
     dataset = _load(args, level=args.level) if args.size != "auto" or args.split is not None else args.dataset
     cfg = ModelEvalConfig(model=args.model, dataset=dataset, level=args.level, backend=args.backend,

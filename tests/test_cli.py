@@ -92,3 +92,16 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("demo", "list", "eval", "baseline", "bench", "audit", "soak", "report", "train"):
         assert command in out
+
+
+def test_a_typo_in_a_training_or_evaluation_option_is_one_line_and_exit_code_2(capsys):
+    """Checked before any model loads: the bad key with the nearest valid one, or the bad value."""
+    cases = [(["train", "--model", "no-such-model", "--grpo", "max_step=2"], "did you mean 'max_steps'?"),
+             (["train", "--model", "no-such-model", "--eval", "trial=2"], "did you mean 'trials'?"),
+             (["train", "--model", "no-such-model", "--grpo", "max_steps=ten"], "takes an int"),
+             (["evaluate-model", "--model", "no-such-model", "--eval", "trial=2"], "did you mean 'trials'?"),
+             (["evaluate-model", "--model", "no-such-model", "--eval", "trials=0"], "trials must be >= 1")]
+    for argv, said in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, (argv, err)

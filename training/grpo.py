@@ -14,8 +14,9 @@ from typing import Any
 
 from kb_gym.config import EvalConfig
 from kb_gym.problems import load_problems
+from kb_gym.training.config_check import check_eval_config, check_grpo_config, check_keys
 from kb_gym.training.dataset import build_prompt_dataset
-from kb_gym.training.errors import ModelLoadError
+from kb_gym.training.errors import ConfigError, ModelLoadError
 from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
 
 
@@ -110,10 +111,13 @@ def train(cfg: GRPOKernelConfig, **kwargs: Any) -> Any:
 
 def config_from_dict(data: dict[str, Any]) -> GRPOKernelConfig:
     """A config from plain data (a JSON file); unknown keys are an error that lists the known ones."""
-    known = {f.name for f in dataclasses.fields(GRPOKernelConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+    check_keys("training", data, (f.name for f in dataclasses.fields(GRPOKernelConfig)))
     if "model" not in data:
-        raise ValueError("the training config needs 'model' (a Hugging Face id or a local path)")
+        raise ConfigError("the training config needs 'model' (a Hugging Face id or a local path)")
     return GRPOKernelConfig(**data)
+
+
+def check_config(cfg: GRPOKernelConfig) -> None:
+    """Every option's key and value, before a model or an evaluator starts (ConfigError, one line)."""
+    check_eval_config(cfg.eval_config, "eval_config (--eval)")
+    check_grpo_config({**_cpu_defaults(), **cfg.grpo}, "grpo (--grpo)")
