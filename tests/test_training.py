@@ -91,6 +91,9 @@ def test_reward_function_picks_its_preset_by_name(reward_fn):
 def test_mismatched_columns_are_a_clear_error(reward_fn):
     with pytest.raises(ValueError, match="2 completions but 1 problem keys"):
         reward_fn(completions=["a", "b"], problem_key=[RELU])
+    # a dataset of the user's own without the column: the error names it, and the columns there are
+    with pytest.raises(ValueError, match=r"no 'problem_key' column.*columns given: level, task"):
+        reward_fn(completions=["a"], task=["relu"], level=[1])
 
 
 def test_batch_metrics_of_nothing_is_zero():

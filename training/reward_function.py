@@ -97,8 +97,13 @@ class KernelRewardFunction:
         self.close()
 
     def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), *,
-                 problem_key: Sequence[str], log_metric: Any = None, log_extra: Any = None,
-                 **_: Any) -> list[float]:
+                 problem_key: Sequence[str] | None = None, log_metric: Any = None, log_extra: Any = None,
+                 **columns: Any) -> list[float]:
+        if problem_key is None:  # TRL passes the dataset's columns by name: this one is missing
+            raise ValueError(
+                "the training dataset has no 'problem_key' column, which names each row's problem for the reward "
+                f"(columns given: {', '.join(sorted(columns)) or 'none'}); build the dataset with "
+                "kb_gym.training.build_prompt_dataset, or add the column (keys like 'level1/1_ReLU')")
         if len(problem_key) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
         # Submit the whole batch before waiting on any of it: the workers of every device share it.
