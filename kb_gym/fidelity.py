@@ -128,15 +128,13 @@ def _bare(case: FidelityCase, device: str, reps: int = 50) -> dict[str, float | 
 
     from kb_gym.worker.clock import CacheFlusher, median_ci, timed_call
     from kb_gym.worker.inputs import init_model, make_inputs
-    from kb_gym.worker.loading import load_module
+    from kb_gym.worker.loading import load_module, load_source
 
     dev = torch.device(device)
     # The Evaluator's numerics (fp32 without TF32, EvalConfig's default): cuDNN's TF32 default made a bare
     # 3x3 convolution 2.4x faster than the same one in the judge and the runner.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    folder = Path(tempfile.mkdtemp(prefix="kb_gym_fidelity_"))
-    (folder / "problem.py").write_text(case.problem.code)
-    problem = load_module(folder / "problem.py", f"kb_fidelity_problem_{case.name}")
+    problem = load_source(case.problem.code, f"kb_fidelity_problem_{case.name}")
     kernel = load_module(KERNELS / case.kernel, f"kb_fidelity_kernel_{case.name}")  # Triton reads the file
     ref = init_model(problem, problem.Model, 0, dev, torch.float32)
     cand = init_model(problem, kernel.ModelNew, 0, dev, torch.float32)

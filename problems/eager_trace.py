@@ -9,7 +9,6 @@ flop-bound). Views and allocations without data movement cost nothing. This is w
 from __future__ import annotations
 
 import math
-import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 
 from kb_gym.problems.cost_model import Op, eager_ms
 from kb_gym.problems.problem import Problem
+from kb_gym.worker.loading import load_source
 
 # aten ops that move no data: views, aliases and allocations
 _FREE = frozenset({
@@ -77,8 +77,7 @@ class EagerEstimate:
 
 def estimate(problem: Problem) -> EagerEstimate:
     """The cost model's eager time of ``problem`` as its code stands (size it first), traced on meta tensors."""
-    module = types.ModuleType(f"kb_estimate_{problem.level}_{problem.id}")
-    exec(compile(problem.code, problem.key, "exec"), module.__dict__)  # our own problem code, as a loader does
+    module = load_source(problem.code, f"kb_estimate_{problem.level}_{problem.id}")
     with torch.device("meta"):
         model = module.Model(*module.get_init_inputs())
         inputs = list(module.get_inputs())

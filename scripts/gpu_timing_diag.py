@@ -6,16 +6,14 @@ before the start event (cycles / its own event time), and the host time of the c
 """
 
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from kb_gym.fidelity import CASES, KERNELS
 from kb_gym.worker.clock import CacheFlusher, median_ci
 from kb_gym.worker.inputs import init_model, make_inputs
-from kb_gym.worker.loading import load_module
+from kb_gym.worker.loading import load_module, load_source
 
 dev = torch.device("cuda:0")
 PROBE = 200_000  # cycles of the spin right before the start event: its time gives the clock
@@ -48,9 +46,7 @@ def call(fn, x, fl, shield=PROBE, pre_gpu_ms=0.0, pre_host_ms=0.0, pre_call=Fals
 
 def diagnose(name: str) -> None:
     case = next(c for c in CASES if c.name == name)
-    folder = Path(tempfile.mkdtemp())
-    (folder / "p.py").write_text(case.problem.code)
-    prob = load_module(folder / "p.py", "p_" + name)
+    prob = load_source(case.problem.code, "p_" + name)
     cand = init_model(prob, load_module(KERNELS / case.kernel, "k_" + name).ModelNew, 0, dev, torch.float32)
     fl = CacheFlusher(dev)
     for _ in range(3):

@@ -21,17 +21,12 @@ from kb_gym.problems.eager_trace import estimate
 
 
 def measure(problem, device: torch.device) -> dict:
-    import tempfile
-    from pathlib import Path
-
     from kb_gym.worker.clock import CacheFlusher, timed_call
     from kb_gym.worker.inputs import init_model, make_inputs
-    from kb_gym.worker.loading import load_module
+    from kb_gym.worker.loading import load_source
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    path = Path(tempfile.mkdtemp()) / "problem.py"
-    path.write_text(problem.code)
-    module = load_module(path, f"kb_times_{problem.level}_{problem.id}")
+    module = load_source(problem.code, f"kb_times_{problem.level}_{problem.id}")
     model = init_model(module, module.Model, 0, device, torch.float32)
     flusher = CacheFlusher(device)
     inputs = make_inputs(module, 1, device, torch.float32)

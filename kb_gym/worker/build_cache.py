@@ -51,7 +51,7 @@ def toolchain(device: torch.device) -> str:
     return "|".join(parts)
 
 
-def source_key(source: str, tools: str = "") -> str:
+def source_key(source: str, tools: str) -> str:
     return hashlib.sha256(tools.encode() + b"\0" + source.encode(errors="replace")).hexdigest()[:24]
 
 
@@ -106,7 +106,7 @@ def building(source: str, tools: str, timeout: float) -> Iterator[None]:
         os.close(fd)  # releases the lock; a judge that dies releases it too
 
 
-def restore(source: str, runner_ext: Path, tools: str = "") -> bool:
+def restore(source: str, runner_ext: Path, tools: str) -> bool:
     """Copy the cached build of ``source`` into a runner's build folder; True on a hit."""
     root = _root()
     entry = root / source_key(source, tools) if root else None
@@ -119,7 +119,7 @@ def restore(source: str, runner_ext: Path, tools: str = "") -> bool:
     return True
 
 
-def keep(source: str, runner_ext: Path, tools: str = "") -> None:
+def keep(source: str, runner_ext: Path, tools: str) -> None:
     """With the runner stopped or dead: keep what it built for ``source``. Regular files only, opened
     without following links (a link planted to a file of the judge's would otherwise be copied in)."""
     root = _root()

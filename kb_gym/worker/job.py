@@ -233,7 +233,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             runner.load(job["source"], seed, timeout=deadline - time.monotonic())
             result["compiled"] = True
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
-                with runner.stopped() as still:
+                with runner.frozen(wait=True) as still:
                     if still:
                         build_cache.keep(job["source"], runner.scratch / "ext", tools)
     stages["load"] = time.perf_counter() - t0

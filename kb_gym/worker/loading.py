@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,13 @@ def load_module(path: Path, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_source(code: str, name: str) -> Any:
+    """``code`` imported as module ``name`` from a file of its own (Triton reads a kernel's source file)."""
+    path = Path(tempfile.mkdtemp(prefix="kb_gym_source_")) / f"{name}.py"
+    path.write_text(code)
+    return load_module(path, name)
 
 
 def trim_traceback(exc: BaseException, candidate_file: str) -> str:

@@ -302,7 +302,7 @@ class RunnerProcess:
             raise WireError("the runner's chunks are not the sizes asked for")
         total = expected_nbytes(described, sum(sizes))
         raw = self.reader.read_bytes(total, max(timeout, 60.0))
-        pieces = decode(described, bytearray(raw), self.torch_device)
+        pieces = decode(described, raw, self.torch_device)
         chunks = []
         for (k, j), piece in zip(want, pieces, strict=True):
             if chunk_hash(piece, meta[k]["nbytes"], j * chunk_bytes, nonce, k) != msg["chunk_hashes"][k][j]:
@@ -323,28 +323,20 @@ class RunnerProcess:
         return self._large_buffer
 
     @contextlib.contextmanager
-    def frozen(self) -> Iterator[None]:
+    def frozen(self, wait: bool = False) -> Iterator[bool]:
         """The runner and everything it started stopped (SIGSTOP) for the duration: nothing of the candidate
         competes for the CPU with the baseline or with a calibration (a candidate that left busy children
         running during the spare's calibration widened the envelope's tolerance 5-fold and hid 3 ms a call).
-        Work it queued on the GPU before is not stopped: see docs/integrity.md."""
+        Work it queued on the GPU before is not stopped: see docs/integrity.md. ``wait``: also wait until
+        every process is in the stopped state (one inside a long write finishes it first); yields whether
+        they all got there."""
         procs = sandbox.freeze_tree(self.pid)
         try:
-            yield
+            yield sandbox.wait_stopped(procs) if wait else True
         finally:
             sandbox.thaw(procs)
 
-    @contextlib.contextmanager
-    def stopped(self) -> Iterator[bool]:
-        """Frozen, and waited for until every process of it is in the stopped state (a process inside a
-        long write finishes it first); yields whether they all got there."""
-        procs = sandbox.freeze_tree(self.pid)
-        try:
-            yield sandbox.wait_stopped(procs)
-        finally:
-            sandbox.thaw(procs)
-
-    def kill(self, keep_scratch: bool = False) -> None:
+    def kill(self) -> None:
         self._large_buffer = None
         if self.proc is not None:
             sandbox.kill_and_wait(self.proc)
@@ -367,8 +359,7 @@ class RunnerProcess:
                     stream.close()
             except OSError:
                 pass
-        if not keep_scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
 
 

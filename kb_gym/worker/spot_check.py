@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from kb_gym.worker.tensors import HASH_MASK, HASH_SLICE, flatten_bytes, hash_words, weighted_words
+
 CHUNK_BYTES = 1 << 20  # at most; a multiple of every element size, so a chunk holds whole elements
 MIN_CHUNK_BYTES = 4096
 CHUNKS_PER_CALL = 16
-_SLICE = 1 << 24  # words hashed per step: bounds the int64 temporaries of a multi-GB output
-_MASK = (1 << 63) - 1
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
@@ -35,42 +35,28 @@ def chunk_size(output_bytes: int) -> int:
     return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, output_bytes // 64 // 16 * 16))
 
 
-def _words(raw: torch.Tensor, tensor_nbytes: int) -> tuple[torch.Tensor, int]:
-    """A tensor's bytes as the words its hash sums (int32 where its size allows, else bytes)."""
-    if tensor_nbytes % 4 == 0 and raw.numel() % 4 == 0:
-        return raw.view(torch.int32), 4
-    return raw, 1
-
-
-def _weighted(words: torch.Tensor, first_word: int, nonce: int, k: int) -> torch.Tensor:
-    part = words.to(torch.int64)
-    pos = torch.arange(first_word, first_word + part.numel(), dtype=torch.int64, device=part.device)
-    weight = ((pos + (nonce ^ (k * 0x632BE5AB))) * 0x9E3779B97F4A7C15 & _MASK) | 1
-    return part * weight
-
-
 def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
     """Per output, one hash per ``chunk_bytes`` of its bytes (the last chunk may be shorter)."""
     out = []
     for k, t in enumerate(tensors):
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        words, size = _words(raw, raw.numel())
+        raw = flatten_bytes(t)
+        words, size = hash_words(raw, raw.numel())
         per_chunk = chunk_bytes // size
         n_chunks = -(-words.numel() // per_chunk)
         sums = torch.zeros(n_chunks, dtype=torch.int64, device=raw.device)
-        step = max(per_chunk, (_SLICE // per_chunk) * per_chunk)  # whole chunks per step
+        step = max(per_chunk, (HASH_SLICE // per_chunk) * per_chunk)  # whole chunks per step
         for lo in range(0, words.numel(), step):
-            products = _weighted(words[lo:lo + step], lo, nonce, k)
+            products = weighted_words(words[lo:lo + step], lo, nonce, k)
             index = torch.arange(products.numel(), device=raw.device) // per_chunk + lo // per_chunk
             sums.index_add_(0, index, products)
-        out.append([int(v) & _MASK for v in sums.tolist()])
+        out.append([int(v) & HASH_MASK for v in sums.tolist()])
     return out
 
 
 def chunk_hash(chunk: torch.Tensor, tensor_nbytes: int, start_byte: int, nonce: int, k: int) -> int:
     """The hash of one chunk (raw bytes starting ``start_byte`` into output ``k``), as chunk_hashes computes it."""
-    words, size = _words(chunk, tensor_nbytes)
-    return int(_weighted(words, start_byte // size, nonce, k).sum().item()) & _MASK
+    words, size = hash_words(chunk, tensor_nbytes)
+    return int(weighted_words(words, start_byte // size, nonce, k).sum().item()) & HASH_MASK
 
 
 def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) -> None:

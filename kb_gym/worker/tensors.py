@@ -114,7 +114,7 @@ def expected_nbytes(meta: Any, limit: int) -> int:
 
 def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[torch.Tensor]:
     """Plain tensors on ``device`` (CPU where the runner returned CPU tensors) from checked ``meta``;
-    ``data``: the bytes, a bytearray or a uint8 tensor (receive_buffer)."""
+    ``data``: the bytes (a bytearray or memoryview) or a uint8 tensor (receive_buffer)."""
     out, offset = [], 0
     flat = data if isinstance(data, torch.Tensor) else None
     for item in meta:
@@ -136,8 +136,25 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
     return out
 
 
-_COMMIT_CHUNK = 1 << 24  # elements per slice: bounds the temporaries of hashing multi-GB outputs
-_MASK = (1 << 63) - 1
+HASH_SLICE = 1 << 24  # words hashed per step: bounds the int64 temporaries of hashing multi-GB outputs
+HASH_MASK = (1 << 63) - 1
+
+
+def hash_words(raw: torch.Tensor, tensor_nbytes: int) -> tuple[torch.Tensor, int]:
+    """A tensor's bytes (``raw``, or a chunk of them) as the words its hash sums, and their size: int32 where
+    the whole tensor's size allows, else bytes."""
+    if tensor_nbytes % 4 == 0 and raw.numel() % 4 == 0:
+        return raw.view(torch.int32), 4
+    return raw, 1
+
+
+def weighted_words(words: torch.Tensor, first_word: int, nonce: int, k: int) -> torch.Tensor:
+    """Each word (of output ``k``, starting at word ``first_word``) times a weight from a multiplicative hash
+    of its position and the nonce; their wrapping int64 sum is the hash."""
+    part = words.to(torch.int64)
+    pos = torch.arange(first_word, first_word + part.numel(), dtype=torch.int64, device=part.device)
+    weight = ((pos + (nonce ^ (k * 0x632BE5AB))) * 0x9E3779B97F4A7C15 & HASH_MASK) | 1
+    return part * weight
 
 
 def commitment(tensors: list[torch.Tensor], nonce: int) -> int:
@@ -150,14 +167,8 @@ def commitment(tensors: list[torch.Tensor], nonce: int) -> int:
     values, so no shortcut through the problem's own algebra computes it."""
     total = 0
     for k, t in enumerate(tensors):
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        if raw.numel() % 4 == 0:
-            words = raw.view(torch.int32)
-        else:
-            words = raw
-        for lo in range(0, words.numel(), _COMMIT_CHUNK):
-            part = words[lo:lo + _COMMIT_CHUNK].to(torch.int64)
-            pos = torch.arange(lo, lo + part.numel(), dtype=torch.int64, device=part.device)
-            weight = ((pos + (nonce ^ (k * 0x632BE5AB))) * 0x9E3779B97F4A7C15 & _MASK) | 1
-            total = (total + int((part * weight).sum().item())) & _MASK
+        raw = flatten_bytes(t)
+        words, _ = hash_words(raw, raw.numel())
+        for lo in range(0, words.numel(), HASH_SLICE):
+            total = (total + int(weighted_words(words[lo:lo + HASH_SLICE], lo, nonce, k).sum().item())) & HASH_MASK
     return total
