@@ -210,7 +210,10 @@ def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: 
            "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
            "speedups": speedups, "wall_s": statistics.median(w for _, w in evals), "reps": r.timing_reps,
            "speedup_spread": (max(speedups) - min(speedups)) / statistics.median(speedups) if speedups else None,
-           "envelope": r.correctness.get("envelope"), **bare}
+           "envelope": r.correctness.get("envelope"),
+           # where the wall goes (median per stage over the repeats): what an RL loop pays per evaluation
+           "stage_seconds": {k: statistics.median(e.stage_seconds.get(k, 0.0) for e, _ in evals)
+                             for k in r.stage_seconds}, **bare}
     if r.runtime_ms and bare["cand_events_ms"]:
         row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
         row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]
@@ -231,7 +234,8 @@ def format_row(row: dict[str, Any]) -> str:
             f"| speedup {f(row['speedup'], '.3f')} "
             f"bare {f(row.get('bare_speedup'), '.3f')} ratio {f(row.get('speedup_ratio'), '.3f')} "
             f"spread {f(row.get('speedup_spread'), '.3f')} wall {f(row['wall_s'], '.2f')}s "
-            f"flags {','.join(row['flags'])}")
+            f"flags {','.join(row['flags'])}"
+            + "".join(f" {k} {v:.2f}" for k, v in (row.get("stage_seconds") or {}).items()))
 
 
 def format_fidelity(report: dict[str, Any]) -> str:

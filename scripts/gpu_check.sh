@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: tests (GPU-marked pytest), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -45,6 +45,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
+    times) python3 -P scripts/problem_times.py --size gpu --measure --out "$OUT/times.json" ;;
     diag) python3 -P scripts/gpu_timing_diag.py ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
@@ -85,6 +86,7 @@ tail -n 30 "$OUT/smoke.log" 2>/dev/null
 tail -n 6 "$OUT/diag.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 6 "$OUT/batch.log" 2>/dev/null
+tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 [ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \
   "$OUT/audit.log" | tail -45
