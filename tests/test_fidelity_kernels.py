@@ -44,7 +44,8 @@ def test_a_preset_row_reports_its_wall_and_speedup_spread_and_the_summary_compar
 
     def result(speedup: float) -> SimpleNamespace:
         return SimpleNamespace(status="correct", flags=[], error=None, runtime_ms=1.0 / speedup, ref_runtime_ms=1.0,
-                               speedup=speedup, timing_reps=10, correctness={})
+                               speedup=speedup, timing_reps=10, correctness={},
+                               stage_seconds={"load": 1.0, "timing": 2.0})
 
     bare = {"cand_events_ms": 0.5, "ref_events_ms": 1.0, "cand_kb_events_ms": 0.6, "cand_graph_ms": None}
     rows = [_row(CASES[0], "default", [(result(s), w) for s, w in ((2.0, 4.0), (1.9, 5.0), (2.1, 6.0))], bare),
@@ -53,4 +54,5 @@ def test_a_preset_row_reports_its_wall_and_speedup_spread_and_the_summary_compar
     assert rows[0]["speedup_spread"] == pytest.approx(0.2 / 2.0) and rows[1]["speedup_spread"] == pytest.approx(0.2)
     assert rows[1]["speedup_ratio"] == pytest.approx(2.0 / 2.0)  # the last evaluation against the bare speedup
     text = format_fidelity({"rows": rows, "presets": ["default", "rl"], "repeats": 3})
+    assert rows[0]["stage_seconds"] == {"load": 1.0, "timing": 2.0}  # where the wall goes
     assert "preset rl: median wall 2.00s per evaluation, speedup spread over 3 repeats: median 0.200" in text
