@@ -1,0 +1,60 @@
+"""The timing loop's order of work, with a scripted runner: what the judge runs never overlaps a timed call."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from kb_gym.worker import timing
+from kb_gym.worker.clock import CacheFlusher
+from kb_gym.worker.runner_client import CallReply
+
+
+class ScriptedRunner:
+    """Stands in for a candidate's runner: records when it is frozen and called."""
+
+    rtt_ms = 0.1
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.frozen_now = False
+
+    @contextlib.contextmanager
+    def frozen(self, wait: bool = False):
+        self.frozen_now = True
+        self.log.append("freeze")
+        try:
+            yield True
+        finally:
+            self.frozen_now = False
+            self.log.append("thaw")
+
+    def call(self, seed: int, **_: object) -> CallReply:
+        self.log.append("candidate")
+        return CallReply(outputs=torch.zeros(2), event_ms=1.0, envelope_ms=1.5, host_ms=0.1, launches=1)
+
+
+def test_a_cached_baseline_reference_runs_frozen_and_finishes_before_the_candidates_call():
+    """The "rl" preset checks each timed output against the reference's, computed in the judge. Left queued on
+    the GPU while the candidate's call began, that work ran inside the candidate's events (an honest 9.9 ms
+    kernel measured 11.3 ms on the H200); with the runner running, it competes for the CPU too."""
+    log: list[str] = []
+    runner = ScriptedRunner(log)
+
+    class Reference(torch.nn.Module):
+        def forward(self, x):
+            log.append("reference" + (" (runner frozen)" if runner.frozen_now else ""))
+            return torch.zeros_like(x)
+
+    ref_mod = SimpleNamespace(get_inputs=lambda: [torch.zeros(2)])
+    device = torch.device("cpu")
+    result = timing.time_pair(None, Reference(), runner, ref_mod, device, torch.float32, CacheFlusher(device),
+                              lambda cand, ref, seed: None, warmup=0, min_reps=3, max_reps=4, target_rel_ci=0.5,
+                              max_seconds=5.0, call_timeout=lambda: 5.0, byte_limit=1 << 20)
+    assert result.reps >= 3 and result.cand.event_ms
+    references = [k for k, entry in enumerate(log) if entry.startswith("reference")]
+    assert references and all(log[k] == "reference (runner frozen)" for k in references)
+    for k in references:  # frozen around the reference only, thawed before the candidate is called
+        assert log[k - 1] == "freeze" and log[k + 1] == "thaw"
