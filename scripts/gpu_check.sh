@@ -6,7 +6,7 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, PYTEST_ARGS;
+#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -41,7 +41,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
-    batch) kb bench --batch --out "$OUT/batch.json" ;;
+    batch) kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch.json" ;;
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
@@ -87,7 +87,7 @@ tail -n 30 "$OUT/smoke.log" 2>/dev/null
 tail -n 6 "$OUT/diag.log" 2>/dev/null
 head -n 3 "$OUT/wire.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
-tail -n 6 "$OUT/batch.log" 2>/dev/null
+tail -n 14 "$OUT/batch.log" 2>/dev/null
 tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 [ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \
