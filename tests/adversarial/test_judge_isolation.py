@@ -290,7 +290,9 @@ if os.fork() == 0:
 @pytest.mark.parametrize("name", sorted(LEFTOVERS))
 def test_nothing_a_candidate_leaves_behind_reaches_the_next(ev, name):
     r = ev.evaluate(GELU, cand(LEFTOVERS[name]), config=CHECK)
-    assert r.status in ("correct", "runtime_error", "crash"), (r.status, r.error)
+    # Its own verdict may be any failure it caused itself: on the H200, 16 open files left constructing ModelNew
+    # unable to import a torch module (compile_error). What matters is the next evaluation.
+    assert r.status in ("correct", "runtime_error", "crash", "compile_error"), (r.status, r.error)
     honest_after(ev)
     honest_after(ev, TIMED)
 
