@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,13 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
         trials = ev.config.trials
         sampler = BusySampler()
         t0 = time.perf_counter()
-        results = ev.evaluate_many([(p, s) for p, _, s in batch], progress=True)
+        futures = [ev.submit(p, s) for p, _, s in batch]
+        # A line per result as it lands: a run cut by a time limit still leaves what it measured.
+        for n, future in enumerate(as_completed(futures), 1):
+            (p, kind, _), r = batch[futures.index(future)], future.result()
+            print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
+                  f"{r.speedup} total {r.stage_seconds.get('total')}", flush=True)
+        results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
         busy = sampler.stop()
         devices = ev.devices

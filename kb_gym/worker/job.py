@@ -288,7 +288,7 @@ def _chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, A
 
 def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
                  spare: RunnerProcess | None, dtype: torch.dtype, deadline: float,
-                 chunk_bytes: int = 0) -> Calibration | None:
+                 chunk_bytes: int = 0, reuse: bool = True) -> Calibration | None:
     """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
     a fork of the same zygote that has run no candidate code, through the same path, under the device
     lock and right before the loop, interleaved with baseline calls as the loop is, the candidate's
@@ -300,7 +300,7 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     # the path a call takes (whole outputs or chunks) is part of its overhead
     key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes)
     kept = ctx.calibrations.get(key)
-    if kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
+    if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
         return kept[1]
     if spare is None:
         return None
@@ -377,7 +377,28 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     except Exception as exc:  # noqa: BLE001 - the baseline itself failed: the judge's context may be gone
         raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
                          restart=sticky_cuda_error(ctx.device)) from None
+    if timing.hidden_work() and not timing.mismatch and runner is not None:
+        _second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
     _timing_verdict(timing, cached, result, state)
+
+
+def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
+                    dtype: torch.dtype, deadline: float, state: dict[str, Any], timing: PairedTiming) -> None:
+    """An envelope over its tolerance is weighed again against a fresh spare's calibration, measured now: the
+    per-call overhead of identical pristine runners drifts by up to 0.4 ms between processes and minutes on the
+    H200 (docs/measurements/envelope-diag-h200-2026-12-01.log), which flagged 1 in 16 honest 7 us reference
+    copies. The larger of the two overheads stands; hidden work still shows against both."""
+    if ctx.pool is None:
+        return
+    ctx.pool.discard_spare()  # another process: the drift is between processes as much as over time
+    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+    fresh = _calibration(ctx, job, ref_mod, ref_model, runner, spare, dtype, deadline, state.get("chunk_bytes", 0),
+                         reuse=False)
+    first = timing.calibration
+    if fresh is None or first is None:
+        return
+    timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms))
+    timing.second_calibration = True
 
 
 def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: dict[str, Any],

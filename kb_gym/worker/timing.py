@@ -75,6 +75,7 @@ class PairedTiming:
     mismatch: str | None = None
     seconds: float = 0.0
     launches: int = 0
+    second_calibration: bool = False  # an excess over the tolerance was measured again: see job._second_opinion
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -85,6 +86,19 @@ class PairedTiming:
         gaps = [(ce - cv) - overhead for ce, cv in zip(self.cand.envelope_ms, self.cand.event_ms, strict=False)]
         return median_ci(gaps)[0]
 
+    def tolerance_ms(self) -> float:
+        """How much envelope beyond the calibrated overhead is put down to noise, not hidden work."""
+        cal = self.calibration or Calibration(0.0, 0.0)
+        med_events = median_ci(self.cand.event_ms)[0] if self.cand.event_ms else 0.0
+        # Where building the inputs is slow and uneven (multi-GB inputs on the CPU), the envelope cannot be read
+        # more finely than the calibration's own spread: the tolerance grows with it (reported beside it).
+        return max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5),
+                   SPREAD_FACTOR * cal.spread_ms, OVERHEAD_SHARE.get(self.device_kind, 0.1) * cal.overhead_ms)
+
+    def hidden_work(self) -> bool:
+        """The candidate's envelope shows work its events did not cover (counted only when calibrated)."""
+        return self.calibration is not None and bool(self.cand.event_ms) and self.excess_ms() > self.tolerance_ms()
+
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
         """Medians and intervals; ``cached_ref`` (median, low, high) stands in for an untimed baseline."""
         ref_med, ref_lo, ref_hi = cached_ref or median_ci(self.ref.event_ms)
@@ -93,14 +107,9 @@ class PairedTiming:
                                "ref_host_runtime_ms": median_ci(self.ref.host_ms)[0] if self.ref.host_ms else None}
         if not self.cand.event_ms:
             return out
-        excess = self.excess_ms()
-        med_events = median_ci(self.cand.event_ms)[0]
-        # Where building the inputs is slow and uneven (multi-GB inputs on the CPU), the envelope cannot be read
-        # more finely than the calibration's own spread: the tolerance grows with it (reported beside it).
+        excess, tolerance = self.excess_ms(), self.tolerance_ms()
         cal = self.calibration or Calibration(0.0, 0.0)
-        tolerance = max(ENVELOPE_TOLERANCE * med_events, ENVELOPE_FLOOR_MS.get(self.device_kind, 0.5),
-                        SPREAD_FACTOR * cal.spread_ms, OVERHEAD_SHARE.get(self.device_kind, 0.1) * cal.overhead_ms)
-        hidden = self.calibration is not None and excess > tolerance
+        hidden = self.hidden_work()
         cand = [c + excess for c in self.cand.event_ms] if hidden else list(self.cand.event_ms)
         med, lo, hi = median_ci(cand)
         if cached_ref is None:
@@ -113,7 +122,8 @@ class PairedTiming:
                    host_runtime_ms=median_ci(self.cand.host_ms)[0] if self.cand.host_ms else None,
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
-                             "calibrated": self.calibration is not None, "counted": hidden})
+                             "calibrated": self.calibration is not None, "counted": hidden,
+                             "second_calibration": self.second_calibration})
         return out
 
 

@@ -13,7 +13,7 @@ class Model(nn.Module):
         return inp.sum(dim=1)
 
 
-n_rows = 256  # gpu: 32768
+n_rows = 256  # gpu: 40960
 n_cols = 700  # gpu: 32768
 
 

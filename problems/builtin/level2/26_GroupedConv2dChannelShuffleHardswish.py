@@ -21,7 +21,7 @@ class Model(nn.Module):
         return F.hardswish(y)
 
 
-n_images = 4  # gpu: 32
+n_images = 4  # gpu: 16
 c_in = 16  # gpu: 256
 c_out = 16  # gpu: 256
 groups = 4
