@@ -352,7 +352,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       seccomp=bool(box.get("seccomp")), private_shm_mb=int(box.get("private_shm_mb") or 0),
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
                       runner_forked=bool(runner.get("forked")),
-                      build_cached=bool(runner.get("build_cached")))
+                      build_cached=bool(runner.get("build_cached")),
+                      shm_payloads=int(runner.get("shm_payloads") or 0))
         if runner.get("zygote_error"):
             fields["zygote_error"] = runner["zygote_error"]
     return fields

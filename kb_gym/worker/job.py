@@ -177,7 +177,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds"),
-                                "build_cached": bool(result.get("build_cached"))}
+                                "build_cached": bool(result.get("build_cached")),
+                                "shm_payloads": runner.shm_payloads}
             runner.kill()
         state.clear()
         ctx.jobs_done += 1

@@ -34,6 +34,7 @@ from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_mode
 from kb_gym.worker.landlock import restrict_writes
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
 from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_sockets_and_ptrace
@@ -283,9 +284,22 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     def send(message: dict[str, Any]) -> None:
         write_message(proto_out, message)
 
+    payload = PayloadWriter.from_env()
+
     def send_tensors(message: dict[str, Any], tensors: list[Any]) -> None:
         # The description first: the judge's clock stops on it, before the bytes are copied out.
-        send({**message, "payload_bytes": sum(m["nbytes"] for m in message["outputs"])})
+        total = sum(m["nbytes"] for m in message["outputs"])
+        if payload is not None and total >= SHM_MIN_BYTES:
+            send({**message, "payload_bytes": total, "payload_via": "shm"})
+            try:
+                payload.write(tensors, total)
+            except (OSError, RuntimeError, ValueError) as exc:  # its own seals, a closed fd, no memory
+                send({"type": "error", "status": "runtime_error",
+                      "error": f"the outputs could not be copied to the judge: {exc}"})
+                return
+            send({"type": "payload", "bytes": total})
+            return
+        send({**message, "payload_bytes": total})
         for t in tensors:
             view = host_bytes(t).cast("B")
             while len(view):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
+from kb_gym.worker import payload
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -106,11 +107,17 @@ class RunnerProcess:
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
+        payload_fd = payload.create()  # large outputs come back through it (payload.py)
+        self.payload = payload.PayloadReader(payload_fd) if payload_fd is not None else None
+        self.shm_payloads = 0  # calls whose outputs came through the memfd
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
+            extra = [payload_fd] if payload_fd is not None else []
+            if extra:
+                env[payload.ENV_FD] = "3"
             try:
                 self.pid = zygote.spawn(device, str(self.scratch), env, namespaces,
-                                        [ends[0][0], ends[1][1], ends[2][1]])
+                                        [ends[0][0], ends[1][1], ends[2][1], *extra])
             finally:
                 for fd in (ends[0][0], ends[1][1], ends[2][1]):
                     os.close(fd)
@@ -119,8 +126,11 @@ class RunnerProcess:
         else:  # a fresh interpreter in fresh namespaces: seconds
             cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
                    "--device", device, "--scratch", str(self.scratch), *(["--namespaces"] if namespaces else [])]
+            if payload_fd is not None:
+                env[payload.ENV_FD] = str(payload_fd)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         env=env, start_new_session=True, close_fds=True, cwd=str(self.scratch))
+                                         env=env, start_new_session=True, close_fds=True, cwd=str(self.scratch),
+                                         pass_fds=(payload_fd,) if payload_fd is not None else ())
             self.pid = self.proc.pid
             self.stdin_fd, stdout_fd, stderr = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr
         _widen_pipe(stdout_fd)
@@ -257,8 +267,11 @@ class RunnerProcess:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             if msg.get("payload_bytes") != nbytes:
                 raise WireError("the announced payload does not match the outputs described")
-            data, into = self._receive_buffer(nbytes)
-            self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
+            if msg.get("payload_via") == "shm":
+                data, into = self._shared_payload(nbytes, timeout), None
+            else:
+                data, into = self._receive_buffer(nbytes)
+                self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
             tensors = decode(msg["outputs"], data, self.torch_device)
             if commitment(tensors, nonce) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
@@ -312,6 +325,22 @@ class RunnerProcess:
             chunks.append((k, j * chunk_bytes // dtype.itemsize, piece.view(dtype)))
         return SampledOutputs(meta=meta, chunks=chunks)
 
+    def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor:
+        """The bytes the runner copied into the shared memfd after "done", once it says they are there."""
+        if self.payload is None:
+            raise WireError("the runner sent its outputs through shared memory it was never given")
+        msg = self._read(max(timeout, 60.0))
+        if msg.get("type") == "error":
+            raise StageError("runtime_error", str(msg.get("error", ""))[:2000])
+        if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
+            raise WireError(f"expected the outputs' {nbytes:,} bytes in shared memory, got {str(msg)[:200]}")
+        try:
+            view = self.payload.view(nbytes)
+        except ValueError as exc:
+            raise WireError(str(exc)) from None
+        self.shm_payloads += 1
+        return view
+
     def _receive_buffer(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
         """A buffer for the payload. Large pageable ones are kept for the next call of the same size (every
         timed call of a problem returns the same bytes): a fresh 4 GB buffer pays a page fault per 4 KB."""
@@ -338,6 +367,10 @@ class RunnerProcess:
 
     def kill(self) -> None:
         self._large_buffer = None
+        if self.payload is not None:
+            self.payload.close()
+            os.close(self.payload.fd)
+            self.payload = None
         if self.proc is not None:
             sandbox.kill_and_wait(self.proc)
             streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]

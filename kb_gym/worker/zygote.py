@@ -68,9 +68,9 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        for target, fd in zip((0, 1, 2), fds, strict=True):
+        for target, fd in enumerate(fds):  # stdin, stdout, stderr, and the payload memfd where there is one
             os.dup2(fd, target)
-        os.closerange(3, 1 << 16)
+        os.closerange(len(fds), 1 << 16)
         os.environ.clear()
         os.environ.update(request["env"])
         libc = ctypes.CDLL(None, use_errno=True)
@@ -121,7 +121,7 @@ def main() -> None:
     buffer = b""
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
         except InterruptedError:
             continue
         except OSError:
@@ -135,10 +135,10 @@ def main() -> None:
             continue
         line, buffer = buffer.split(b"\n", 1)
         request = json.loads(line)
-        if len(fds) != 3:
+        if len(fds) not in (3, 4):
             for fd in fds:
                 os.close(fd)
-            sock.sendall(b'{"type": "error", "error": "a spawn request needs three descriptors"}\n')
+            sock.sendall(b'{"type": "error", "error": "a spawn request needs three or four descriptors"}\n')
             continue
         pid = os.fork()
         if pid == 0:

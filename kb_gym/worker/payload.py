@@ -1,0 +1,115 @@
+"""Large outputs from a runner to its judge through shared memory instead of the protocol pipe.
+
+On the H200 a 1 GB output cost 0.93 s per correctness call through the pipe (2.2 GB/s out of it, plus the
+wait for the runner's write; docs/measurements/wire-profile-h200-2026-12-01.log), and a 1 ms memory-bound
+kernel there moves ~5 GB. So each runner gets a memfd from its judge at birth: the runner copies an
+output of at least SHM_MIN_BYTES into it after reporting "done" (the clock stops on "done", as before),
+then says "payload"; the judge copies the bytes out to its own memory (decode) and checks them against
+the commitment "done" carried, as it does for bytes from the pipe.
+
+What the runner (candidate code) can do with the memfd, and why it gains nothing:
+- write into it at any time: the judge judges its own copy, and that copy must match the commitment made
+  before "done" (a late or changed write is `tampering`), exactly as for late bytes in the pipe;
+- shrink it under the judge's reading (a SIGBUS in the judge): the judge seals it against shrinking
+  before the runner exists, and checks its size before mapping;
+- grow it without bound: only the pages it writes use memory, charged to the runner; the judge maps only
+  the bytes the outputs' description announced (within the byte limit the reference's outputs set);
+- add seals or close it: its own writes then fail, and that failure is its own verdict.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from typing import Any
+
+import torch
+
+from kb_gym.worker.tensors import flatten_bytes
+
+SHM_MIN_BYTES = 1 << 20  # smaller payloads cross the pipe: one write, no mapping
+ENV_FD = "KB_GYM_PAYLOAD_FD"  # the memfd's number in the runner (set by the judge)
+
+
+def enabled() -> bool:
+    """``KB_GYM_PAYLOAD=pipe`` sends every output through the pipe (to measure one against the other)."""
+    return os.environ.get("KB_GYM_PAYLOAD", "shm") != "pipe" and hasattr(os, "memfd_create")
+
+
+def create() -> int | None:
+    """A memfd for one runner's payloads, sealed against shrinking; None where memfds or seals are missing."""
+    if not enabled():
+        return None
+    try:
+        fd = os.memfd_create("kb_gym_payload", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class _Mapping:
+    """One shared mapping of the memfd, remapped when a payload needs more bytes than it covers."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.map: mmap.mmap | None = None
+
+    def bytes(self, nbytes: int) -> torch.Tensor:
+        if self.map is None or len(self.map) < nbytes:
+            self.close()
+            self.map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes)
+
+    def close(self) -> None:
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a tensor still views it: the mapping goes when that tensor does
+                pass
+            self.map = None
+
+
+class PayloadWriter(_Mapping):
+    """The runner's side: copy outputs into the memfd, growing it as needed."""
+
+    @classmethod
+    def from_env(cls) -> PayloadWriter | None:
+        value = os.environ.pop(ENV_FD, "")
+        if not value.isdigit():
+            return None
+        fd = int(value)
+        try:
+            os.fstat(fd)
+        except OSError:
+            return None
+        os.set_inheritable(fd, False)  # a candidate's children do not get it
+        return cls(fd)
+
+    def write(self, tensors: list[Any], total: int) -> None:
+        if os.fstat(self.fd).st_size < total:
+            os.ftruncate(self.fd, total)
+        buf = self.bytes(total)
+        offset = 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            if n:
+                buf[offset:offset + n].copy_(flatten_bytes(t))
+            offset += n
+        del buf
+
+
+class PayloadReader(_Mapping):
+    """The judge's side: the announced bytes, once the runner said they are there."""
+
+    def view(self, nbytes: int) -> torch.Tensor:
+        """The payload's bytes in the shared mapping (decode copies them out before anything reads them)."""
+        size = os.fstat(self.fd).st_size
+        if size < nbytes:  # sealed: it cannot shrink after this check, so mapping nbytes cannot fault
+            raise ValueError(f"the runner announced {nbytes:,} bytes in shared memory but wrote {size:,}")
+        return self.bytes(nbytes)

@@ -1,0 +1,138 @@
+"""Large outputs through the runner's shared memfd (worker/payload.py): exact, owned by the judge, and
+nothing a runner does to the memfd costs the judge more than that candidate's verdict."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+import torch
+
+from kb_gym import EvalConfig, Evaluator, Problem
+from kb_gym.problems import reference_as_candidate
+from kb_gym.worker import payload
+from kb_gym.worker.tensors import decode, describe
+
+pytestmark = pytest.mark.skipif(payload.create() is None, reason="no sealable memfd here")
+# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
+DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
+# integrity="off": the static checks would refuse these imports before they run; here they must meet the sandbox.
+CONFIG = EvalConfig(trials=2, timing_min_reps=3, timing_max_reps=10, timing_warmup=1, integrity="off")
+
+
+def _pair() -> tuple[payload.PayloadWriter, payload.PayloadReader]:
+    fd = payload.create()
+    return payload.PayloadWriter(fd), payload.PayloadReader(fd)
+
+
+def test_outputs_written_by_the_runner_arrive_exact_and_the_judges_tensors_share_nothing_with_the_memfd():
+    writer, reader = _pair()
+    outs = [torch.randn(1000, 333), torch.arange(7, dtype=torch.int64), torch.rand(5) > 0.5, torch.empty(0)]
+    meta = describe(outs)
+    total = sum(m["nbytes"] for m in meta)
+    writer.write(outs, total)
+    got = decode(meta, reader.view(total), torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(outs, got, strict=True))
+    writer.write([torch.zeros_like(t) for t in outs], total)  # the runner writes again after the judge copied
+    assert torch.equal(got[0], outs[0])  # the judge's copy is its own
+    bigger = [torch.randn(2000, 333)]
+    writer.write(bigger, bigger[0].numel() * 4)  # grows, and the judge remaps
+    assert torch.equal(decode(describe(bigger), reader.view(bigger[0].numel() * 4), torch.device("cpu"))[0],
+                       bigger[0])
+
+
+def test_the_memfd_cannot_shrink_and_an_announcement_beyond_what_was_written_is_refused_not_a_fault():
+    writer, reader = _pair()
+    writer.write([torch.ones(1024)], 4096)
+    with pytest.raises(OSError):
+        os.ftruncate(writer.fd, 16)  # would make the judge's mapping fault (SIGBUS) while it copies
+    with pytest.raises(OSError):
+        fcntl.fcntl(writer.fd, fcntl.F_ADD_SEALS, 0)  # harmless; removing the seal is impossible
+        raise OSError("seals cannot be removed")
+    with pytest.raises(ValueError, match="announced"):
+        reader.view(1 << 20)
+
+
+SIX_MB = Problem(id=3, name="3_AddOneLarge", level=1, code='''import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+def get_inputs():
+    return [torch.randn(1024, 1536)]
+def get_init_inputs():
+    return []
+''')
+
+
+@pytest.fixture(scope="module")
+def ev():
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
+        yield e
+
+
+def _candidate(after_forward: str) -> str:
+    """The reference copy, doing something to the payload memfd (fd 3 or whatever it is) after each forward."""
+    return reference_as_candidate(SIX_MB).replace("        return x + 1", f"""        out = x + 1
+{after_forward}
+        return out""")
+
+
+def test_an_honest_large_output_crosses_through_shared_memory_and_is_judged_as_through_the_pipe(ev, monkeypatch):
+    untimed = CONFIG.replace(timing=False)  # the verdicts compared, not two noisy CPU envelopes
+    shm = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
+    assert shm.status == "correct", shm.error
+    timed = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
+    assert timed.status == "correct" and timed.speedup and timed.worker["shm_payloads"] > shm.worker["shm_payloads"]
+    monkeypatch.setenv("KB_GYM_PAYLOAD", "pipe")  # runners started from now on: the pipe only
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as piped:
+        pipe = piped.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
+    assert pipe.status == "correct" and set(pipe.flags) == set(shm.flags)
+    # the trials' and the rerun's outputs came through the memfd; with the pipe, none did
+    assert shm.worker["shm_payloads"] >= 3 and pipe.worker["shm_payloads"] == 0
+
+
+HOSTILE = {
+    # every byte it will ever send made zero: too late, the commitment was made before "done"
+    "zero_the_memfd_in_a_thread": '''
+        import threading, time, mmap, os
+        def spoil():
+            for fd in range(3, 64):
+                try:
+                    size = os.fstat(fd).st_size
+                    m = mmap.mmap(fd, size)
+                    for _ in range(200):
+                        m[:] = bytes(size)
+                        time.sleep(0.001)
+                except Exception:
+                    pass
+        threading.Thread(target=spoil, daemon=True).start()''',
+    # seal it against writes and growth: its own copy fails
+    "seal_the_memfd": '''
+        import fcntl, os
+        for fd in range(3, 64):
+            try:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
+            except OSError:
+                pass''',
+    # a 1 TB sparse file: the judge maps only what the description announced
+    "grow_it_to_a_terabyte": '''
+        import os
+        for fd in range(3, 64):
+            try:
+                if os.fstat(fd).st_size >= 1 << 20:
+                    os.ftruncate(fd, 1 << 40)
+            except OSError:
+                pass''',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
+    r = ev.evaluate(SIX_MB, _candidate(HOSTILE[name]), config=CONFIG)
+    assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
+    assert r.worker["shm_payloads"] >= 1 or r.status != "correct"  # the attack met the shared-memory path
+    if r.status == "correct":  # nothing it did reached the judged bytes
+        assert not {"tampering"} & set(r.flags)
+    honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
+    assert honest.status == "correct" and "tampering" not in honest.flags, honest.error
