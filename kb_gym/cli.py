@@ -196,6 +196,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             data[name] = getattr(args, name)
     if args.device is not None:
         data["eval_devices"] = args.device
+    if args.evaluator is not None:
+        data["evaluator"] = args.evaluator
     if args.size != "auto" or args.split is not None:  # else the trainer loads the dataset itself, as before
         data["dataset"] = _load(args, data.get("dataset"), data.get("level"), data.get("eval_devices"))
     if args.plain_prompts:
@@ -221,6 +223,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:  # one line, not a traceback
         raise SystemExit(f"kb-gym train: {exc}") from None
     print(f"trained {trainer.state.global_step} step(s); model saved to {trainer.args.output_dir}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Start (or stop, or describe) the Ray evaluation service every trainer rank submits to."""
+    from kb_gym.service import NAMESPACE, require_ray, start_service, stop_service
+
+    ray = require_ray()
+    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+    if args.stop:
+        print("stopped" if stop_service(args.name) else f"no service named {args.name!r}")
+        return 0
+    try:
+        service = ray.get_actor(args.name, namespace=NAMESPACE)
+    except ValueError:
+        if args.status:
+            print(f"no service named {args.name!r}")
+            return 1
+        from kb_gym.config import config_preset
+
+        cfg = config_preset(args.config, **_key_values(args.eval, "eval"))
+        service = start_service(args.workers, cfg, results_path=args.results, name=args.name,
+                                gpus_per_worker=args.gpus_per_worker)
+    workers = ray.get(service.ready.remote())
+    print(f"kb_gym evaluation service {args.name!r} on {ray.get_runtime_context().gcs_address}: {len(workers)} "
+          f"worker(s) on {sorted({w['device'] for w in workers})}; stats {ray.get(service.stats.remote())}")
+    print("trainer ranks: kb-gym train --evaluator ray ... (RAY_ADDRESS set), or RayEvaluator(address=...)")
     return 0
 
 
@@ -334,11 +363,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an EvalConfig field, e.g. --eval trials=3")
     p.add_argument("--workers-per-device", type=int, default=None,
                    help="the evaluator's warm workers per device (compiles overlap, kernels take turns)")
+    p.add_argument("--evaluator", default=None, metavar="local|ray|ray://HOST:PORT",
+                   help="evaluate in this process (local, the default) or on the Ray service of `kb-gym serve`")
     p.add_argument("--plain-prompts", action="store_true",
                    help="string prompts instead of chat messages (base models without a chat template)")
     p.add_argument("--exclude-audit", default=None, metavar="AUDIT.jsonl",
                    help="leave out the problems this kb-gym audit found a trivial output passes")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("serve", help="start the Ray evaluation service every trainer rank shares (kb-gym[ray])")
+    p.add_argument("--address", default="auto", help="the Ray cluster (auto: the one this node belongs to)")
+    p.add_argument("--name", default="kb_gym_evaluation", help="the service's name (clients connect by it)")
+    p.add_argument("--workers", type=int, default=None, help="evaluation workers (default: one per cluster GPU)")
+    p.add_argument("--gpus-per-worker", type=float, default=None, help="GPUs each worker holds (default 1)")
+    p.add_argument("--config", default="default", help="EvalConfig preset of requests that bring none")
+    p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE", help="an EvalConfig field")
+    p.add_argument("--results", default=None, help="JSONL results store the service appends every result to")
+    p.add_argument("--status", action="store_true", help="describe the running service, start nothing")
+    p.add_argument("--stop", action="store_true", help="stop the service")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("evaluate-model", help="generate answers with a checkpoint, evaluate them, write fast_p")
     p.add_argument("--model", required=True, help="Hugging Face model id or local path")

@@ -100,7 +100,8 @@ def test_a_typo_in_a_training_or_evaluation_option_is_one_line_and_exit_code_2(c
              (["train", "--model", "no-such-model", "--eval", "trial=2"], "did you mean 'trials'?"),
              (["train", "--model", "no-such-model", "--grpo", "max_steps=ten"], "takes an int"),
              (["evaluate-model", "--model", "no-such-model", "--eval", "trial=2"], "did you mean 'trials'?"),
-             (["evaluate-model", "--model", "no-such-model", "--eval", "trials=0"], "trials must be >= 1")]
+             (["evaluate-model", "--model", "no-such-model", "--eval", "trials=0"], "trials must be >= 1"),
+             (["train", "--model", "no-such-model", "--evaluator", "grpc://head:1"], "use 'local', 'ray' or")]
     for argv, said in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()

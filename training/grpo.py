@@ -38,6 +38,8 @@ class GRPOKernelConfig:
         exclude: problem keys to leave out (``kb_gym.audit.passable_problems("audit.jsonl")``).
         reward, reward_kwargs: the reward preset by name, and its parameters.
         eval_devices: the evaluator's devices (``"auto"``: every visible GPU, else the CPU).
+        evaluator: ``"local"`` (an Evaluator over ``eval_devices`` in each trainer process) or the Ray
+            service every rank shares (``"ray"``, ``"ray://HOST:10001"``; docs/distributed.md).
         workers_per_device: the evaluator's warm workers per device.
         eval_config: EvalConfig fields for every evaluation (``{"trials": 3}``).
         results_path: JSONL file of every evaluation (None: the default store under the cache).
@@ -57,6 +59,7 @@ class GRPOKernelConfig:
     reward: str = "default"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_devices: str = "auto"
+    evaluator: str = "local"
     workers_per_device: int = 1
     eval_config: dict[str, Any] = field(default_factory=dict)
     results_path: str | None = None
@@ -77,7 +80,7 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
     reward_fn = KernelRewardFunction(KernelRewardConfig(
         reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=problems, devices=cfg.eval_devices,
         workers_per_device=cfg.workers_per_device, eval_config=EvalConfig(**cfg.eval_config),
-        results_path=cfg.results_path))
+        results_path=cfg.results_path, evaluator=cfg.evaluator))
     grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}
     try:
         trainer = GRPOTrainer(model=model if model is not None else cfg.model, reward_funcs=[reward_fn],
@@ -120,4 +123,6 @@ def config_from_dict(data: dict[str, Any]) -> GRPOKernelConfig:
 def check_config(cfg: GRPOKernelConfig) -> None:
     """Every option's key and value, before a model or an evaluator starts (ConfigError, one line)."""
     check_eval_config(cfg.eval_config, "eval_config (--eval)")
+    if not (cfg.evaluator in ("local", "ray", "ray:auto") or cfg.evaluator.startswith("ray://")):
+        raise ConfigError(f"evaluator (--evaluator) {cfg.evaluator!r}: use 'local', 'ray' or 'ray://HOST:PORT'")
     check_grpo_config({**_cpu_defaults(), **cfg.grpo}, "grpo (--grpo)")

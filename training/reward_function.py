@@ -37,6 +37,9 @@ class KernelRewardConfig:
         workers_per_device: its warm workers per device (compiles overlap; kernels take turns).
         eval_config: the EvalConfig of every evaluation (None: the defaults).
         results_path: JSONL file every result is appended to (None: the default store, False: none).
+        evaluator: where evaluations run: ``"local"`` (an Evaluator in this process over ``devices``) or the
+            Ray evaluation service every trainer rank shares (``"ray"``: the current cluster,
+            ``"ray://HOST:10001"``; started with ``kb-gym serve``; docs/distributed.md).
         name: the name TRL logs the reward under.
     """
 
@@ -48,6 +51,7 @@ class KernelRewardConfig:
     workers_per_device: int = 1
     eval_config: EvalConfig | None = None
     results_path: str | bool | None = None
+    evaluator: str = "local"
     name: str = "kernel_reward"
 
 
@@ -76,10 +80,14 @@ class KernelRewardFunction:
         self.config = config or KernelRewardConfig()
         self.__name__ = self.config.name  # TRL names the reward column and its metrics by this
         self._reward = get_reward(self.config.reward, **self.config.reward_kwargs)
+        self._own_evaluator = evaluator is None
+        if evaluator is None and self.config.evaluator != "local":
+            from kb_gym.service import connect
+
+            evaluator = connect(self.config.evaluator, config=self.config.eval_config)
         devices = evaluator.devices if evaluator is not None else self.config.devices
         problems = load_problems(self.config.dataset, size=self.config.size, device=devices)
         self.problems: dict[str, Problem] = {p.key: p for p in problems}
-        self._own_evaluator = evaluator is None
         self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,
                                                 results_path=self.config.results_path,
                                                 workers_per_device=self.config.workers_per_device)

@@ -1,0 +1,37 @@
+"""One evaluation service for every trainer rank and node, on Ray (``pip install kb-gym[ray]``).
+
+    kb-gym serve --workers 4                 # on the Ray head: a named, detached service
+    ev = RayEvaluator(address="auto")        # in each trainer rank: the Evaluator API, results from the service
+
+One Ray actor per evaluation GPU (``num_gpus=1``), each owning a local Evaluator (warm judge, sandboxed
+runners); one service actor spreads requests over them with back-pressure, replaces a worker that died
+and retries its request once, and writes every result to the results store exactly once. Ray is imported
+only here, and only when one of these is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RAY_MISSING = "the Ray backend needs Ray: pip install 'kb-gym[ray]' (or pip install 'ray[default]')"
+
+
+def require_ray() -> Any:
+    """The ray module, or one clear error naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(RAY_MISSING) from None
+    return ray
+
+
+def __getattr__(name: str) -> Any:  # RayEvaluator, start_service, ... without importing Ray at `import kb_gym`
+    if name in ("RayEvaluator", "connect"):
+        from kb_gym.service import client
+
+        return getattr(client, name)
+    if name in ("start_service", "stop_service", "SERVICE_NAME", "NAMESPACE"):
+        from kb_gym.service import actors
+
+        return getattr(actors, name)
+    raise AttributeError(name)

@@ -1,0 +1,100 @@
+"""RayEvaluator: the Evaluator's API over the Ray evaluation service, for trainer ranks and notebooks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+from kb_gym.config import EvalConfig, config_preset
+from kb_gym.problems import Problem
+from kb_gym.result import EvalResult
+from kb_gym.service import require_ray
+from kb_gym.service.actors import NAMESPACE, SERVICE_NAME, start_service
+
+
+class RayEvaluator:
+    """``evaluate``, ``submit``, ``evaluate_many`` and ``close`` as on :class:`kb_gym.Evaluator`, answered by
+    the named service on a Ray cluster.
+
+    Args:
+        address: the cluster (``"auto"``, ``"ray://HOST:10001"``, ``None``: a local cluster started here).
+        name: the service's name; every client of one name shares its workers.
+        config: the EvalConfig (or preset name) this client's evaluations use unless a call passes one.
+        start: start the service when none of that name runs (owned by this process unless ``detached``).
+        workers: workers for a service started here (default: one per cluster GPU, else one).
+    """
+
+    def __init__(self, address: str | None = "auto", *, name: str = SERVICE_NAME,
+                 config: EvalConfig | str | None = None, start: bool = True, workers: int | None = None,
+                 detached: bool = False, results_path: str | None = None, **overrides: Any) -> None:
+        self.ray = require_ray()
+        if isinstance(config, str):
+            config = config_preset(config)
+        self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
+        if not self.ray.is_initialized():
+            local = address in (None, "local")
+            self.ray.init(address=None if local else address, namespace=NAMESPACE, ignore_reinit_error=True,
+                          log_to_driver=False, **({"include_dashboard": False} if local else {}))
+        try:
+            self.service = self.ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            if not start:
+                raise RuntimeError(f"no kb_gym evaluation service named {name!r} on this Ray cluster; start one "
+                                   "with `kb-gym serve` or RayEvaluator(start=True)") from None
+            self.service = start_service(workers, self.config, results_path=results_path, name=name,
+                                         detached=detached)
+        self.name = name
+        self.devices = [w["device"] for w in self.ray.get(self.service.ready.remote())]
+        self._closed = False
+
+    def submit(self, problem: Problem, text: str, *, seed: int | None = None,
+               config: EvalConfig | None = None) -> Future:
+        if self._closed:
+            raise RuntimeError("this RayEvaluator is closed")
+        cfg = (config or self.config).to_dict()
+        ref = self.service.evaluate.remote(problem.to_dict(), text, seed, cfg)
+        out: Future = Future()
+
+        def done(inner: Future) -> None:
+            try:
+                out.set_result(EvalResult.from_dict(inner.result()))
+            except Exception as exc:  # noqa: BLE001 - the service itself is gone: the caller's future says so
+                out.set_exception(exc)
+
+        ref.future().add_done_callback(done)
+        return out
+
+    def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
+                 config: EvalConfig | None = None) -> EvalResult:
+        return self.submit(problem, text, seed=seed, config=config).result()
+
+    def evaluate_many(self, pairs: Iterable[tuple[Problem, str]], *, progress: bool = False,
+                      config: EvalConfig | None = None) -> list[EvalResult]:
+        futures = [self.submit(p, s, config=config) for p, s in pairs]
+        return [f.result() for f in futures]
+
+    def stats(self) -> dict[str, Any]:
+        return self.ray.get(self.service.stats.remote())
+
+    def close(self) -> None:
+        self._closed = True  # the service outlives its clients; stop it with `kb-gym serve --stop`
+
+    def __enter__(self) -> RayEvaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(spec: str | None, **kwargs: Any) -> Any:
+    """An evaluator from a spec: ``None``/``"local"`` -> None (build a local Evaluator as before),
+    ``"ray"`` or ``"ray:auto"`` -> the service on the current cluster, ``"ray://HOST:PORT"`` -> on that one."""
+    if not spec or spec == "local":
+        return None
+    if spec in ("ray", "ray:auto"):
+        return RayEvaluator(address=os.environ.get("RAY_ADDRESS", "auto"), **kwargs)
+    if spec.startswith("ray://"):
+        return RayEvaluator(address=spec, **kwargs)
+    raise ValueError(f"unknown evaluator {spec!r}: use 'local', 'ray', or 'ray://HOST:PORT'")

@@ -1,0 +1,139 @@
+"""The Ray evaluation service on a local cluster with fake GPU resources and CPU workers (issue: one service for
+every trainer rank): the same verdicts as the local backend, nothing lost when a worker dies mid-batch, two
+client processes sharing one service, and Ray imported only when asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+from kb_gym.problems import reference_as_candidate
+
+ray = pytest.importorskip("ray")
+
+RELU = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
+CONFIG = EvalConfig(trials=2, timing=False)
+COPY = reference_as_candidate(RELU)
+assert "return torch.clamp_min(inp, 0.0)" in COPY  # the line the candidates below change
+CANDIDATES = {
+    "reference": COPY,
+    "wrong": COPY.replace("return torch.clamp_min(inp, 0.0)", "return torch.clamp_min(inp, 0.0) * 1.5"),
+    "raises": "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        raise ValueError('no')\n",
+    "syntax": "```python\nclass ModelNew(:\n```",
+    "no_code": "I would write a kernel here.",
+}
+SLOW = COPY.replace("return torch.clamp_min(inp, 0.0)", "time.sleep(1.5)\n        return torch.clamp_min(inp, 0.0)").replace(
+    "import torch\n", "import time\nimport torch\n", 1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local cluster
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, namespace="kb_gym")
+    yield tmp_path_factory.mktemp("ray_service")
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def service(cluster):
+    from kb_gym.service import RayEvaluator, stop_service
+
+    results = cluster / "results.jsonl"
+    ev = RayEvaluator(address=None, name="kb_gym_test", workers=2, config=CONFIG, results_path=str(results))
+    yield ev, results
+    stop_service("kb_gym_test")
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_service_gives_the_verdicts_the_local_backend_gives(service):
+    ev, _ = service
+    assert ev.devices == ["cpu", "cpu"]  # one worker per (fake) GPU; no CUDA here, so each measures on the CPU
+    remote = {name: ev.evaluate(RELU, text) for name, text in CANDIDATES.items()}
+    with Evaluator("cpu", config=CONFIG, results_path=False, baseline_cache=False) as local_ev:
+        local = {name: local_ev.evaluate(RELU, text) for name, text in CANDIDATES.items()}
+    for name in CANDIDATES:
+        assert (remote[name].status, sorted(remote[name].flags)) == (local[name].status, sorted(local[name].flags)), name
+    assert remote["reference"].status == "correct" and remote["wrong"].status == "incorrect"
+
+
+def test_a_worker_killed_mid_batch_loses_nothing_and_every_result_is_stored_once(service):
+    ev, results = service
+    before = len(_lines(results))
+    futures = [ev.submit(RELU, SLOW) for _ in range(6)]
+    time.sleep(4)  # both workers busy on a 1.5 s forward
+    victim = ray.get(ev.service.ready.remote())[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    got = [f.result(timeout=600) for f in futures]
+    assert [r.status for r in got] == ["correct"] * 6, [(r.status, r.error) for r in got]
+    assert ev.stats()["replaced"] >= 1
+    stored = _lines(results)[before:]
+    assert len(stored) == 6 and sorted(r["source_hash"] for r in stored) == sorted(r.source_hash for r in got)
+
+
+def test_two_client_processes_share_one_service(service):
+    ev, results = service
+    before = len(_lines(results))
+    address = ray.get_runtime_context().gcs_address
+    client = textwrap.dedent(f"""
+        import json, ray
+        ray.init(address={address!r}, namespace="kb_gym", log_to_driver=False)
+        from kb_gym import EvalConfig, get_problem, load_problems
+        from kb_gym.problems import reference_as_candidate
+        from kb_gym.service import RayEvaluator
+        p = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
+        ev = RayEvaluator(name="kb_gym_test", start=False, config=EvalConfig(trials=2, timing=False))
+        print(json.dumps([ev.evaluate(p, reference_as_candidate(p)).status for _ in range(2)]))
+    """)
+    other = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert json.loads(other.stdout.strip().splitlines()[-1]) == ["correct", "correct"]
+    mine = [ev.evaluate(RELU, COPY).status for _ in range(2)]
+    assert mine == ["correct", "correct"]
+    assert len(_lines(results)) - before == 4  # one store, written by the service, for both clients
+
+
+def test_a_client_without_a_running_service_is_told_how_to_start_one(cluster):
+    from kb_gym.service import RayEvaluator
+
+    with pytest.raises(RuntimeError, match="kb-gym serve"):
+        RayEvaluator(address=None, name="kb_gym_nobody", start=False)
+
+
+def test_import_kb_gym_does_not_import_ray_and_without_ray_the_error_names_the_extra():
+    code = ("import sys, kb_gym, kb_gym.envs, kb_gym.rewards, kb_gym.training, kb_gym.service\n"
+            "print('ray' in sys.modules)\n"
+            "sys.modules['ray'] = None\n"
+            "from kb_gym.service import RayEvaluator\n"
+            "try:\n    RayEvaluator()\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.strip().splitlines()[-2:]
+    assert first == "False" and "kb-gym[ray]" in second
+
+
+def test_kb_gym_serve_describes_the_running_service_and_a_reward_function_scores_through_it(service):
+    ev, _ = service
+    address = ray.get_runtime_context().gcs_address
+    out = subprocess.run([sys.executable, "-m", "kb_gym.cli", "serve", "--address", address, "--name", "kb_gym_test",
+                          "--status"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 worker(s) on ['cpu']" in out.stdout
+    from kb_gym.training import KernelRewardConfig, KernelRewardFunction
+
+    reward = KernelRewardFunction(KernelRewardConfig(dataset=[RELU], eval_config=CONFIG), evaluator=ev)
+    scores = reward(completions=[f"```python\n{COPY}\n```", "no code"], problem_key=[RELU.key, RELU.key])
+    assert scores[0] > scores[1]
+    assert [r.status for r in reward.last_results] == ["correct", "format_error"]
