@@ -96,7 +96,7 @@ class EvalConfig:
         return dataclasses.replace(self, **changes)
 
 
-# Named starting points for EvalConfig (``Evaluator(config="rl")``, ``EvalConfig.preset("rl")``).
+# Named starting points for EvalConfig (``Evaluator(config="rl")``, ``config_preset("rl")``).
 # "rl": for training loops, where thousands of candidates meet the same problems. The baseline is
 # timed interleaved once per problem and hardware (and numerics, torch and Triton versions: the cache
 # key) and then reused from the cache with its interval; timing stops at a 2% interval or 60 pairs or

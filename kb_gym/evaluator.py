@@ -21,6 +21,7 @@ from typing import Any
 
 from kb_gym.baseline_cache import BaselineCache, baseline_key
 from kb_gym.config import EvalConfig, config_preset
+from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
@@ -81,12 +82,15 @@ class Evaluator:
         workers_per_device: warm workers per device. With more than one, a device's workers load and
             compile side by side (a ``load_inline`` build no longer holds up the queue) and take
             turns on the device itself: correctness and timing never overlap on one device.
+        gpu_sharing: how Evaluators in other processes on this host share a GPU (device_lock.py):
+            ``"wait"`` (take turns per job: two never measure on one GPU at once), ``"refuse"`` (claim the
+            GPUs for this Evaluator's life; a second claimant gets a clear error), ``"off"``.
     """
 
     def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | str | None = None, *,
                  results_path: str | os.PathLike | None | bool = None,
                  baseline_cache: BaselineCache | None | bool = None, workers_per_device: int = 1,
-                 **overrides: Any) -> None:
+                 gpu_sharing: str = "wait", **overrides: Any) -> None:
         if isinstance(config, str):  # a named preset: "default", "rl" (config.CONFIG_PRESETS)
             config = config_preset(config)
         self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
@@ -103,7 +107,14 @@ class Evaluator:
         if isinstance(workers_per_device, bool) or not isinstance(workers_per_device, int) or workers_per_device < 1:
             raise ValueError(f"workers_per_device must be an integer >= 1, got {workers_per_device!r}")
         self.workers_per_device = workers_per_device
-        locks = {d: threading.Lock() for d in self.devices} if workers_per_device > 1 else {}
+        if gpu_sharing not in SHARING_MODES:
+            raise ValueError(f"gpu_sharing must be one of {SHARING_MODES}, got {gpu_sharing!r}")
+        self._claim = GpuClaim(self.devices) if gpu_sharing == "refuse" else None
+        locks = {}
+        for d in self.devices:
+            host_wide = d.startswith("cuda") and gpu_sharing == "wait"
+            if host_wide or workers_per_device > 1:
+                locks[d] = DeviceLock(d, host_wide=host_wide)
         self._workers = [WorkerHandle(d, locks.get(d)) for d in self.devices for _ in range(workers_per_device)]
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -143,6 +154,8 @@ class Evaluator:
             t.join(timeout=30)
         for handle in self._workers:
             handle.shutdown()
+        if self._claim is not None:
+            self._claim.release()
 
     def __enter__(self) -> Evaluator:
         return self

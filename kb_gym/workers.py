@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from kb_gym import sandbox
+from kb_gym.device_lock import DeviceLock
 from kb_gym.store import cache_dir
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
@@ -89,12 +90,13 @@ def _memory_hint(rss_mb: float) -> str:
 class WorkerHandle:
     """One warm worker process bound to one device.
 
-    ``device_lock``: shared by the workers of one device when there are several. A worker then holds
-    it from its correctness stage to its result, so that loading and compiling (nvcc can take a
-    minute) overlap while kernels never run side by side, and timing sees the device alone.
+    ``device_lock``: shared by the workers of one device (and, on a GPU, by every Evaluator on the host:
+    device_lock.py). A worker holds it from its correctness stage to its result, so that loading and
+    compiling (nvcc can take a minute) overlap while kernels never run side by side, and timing sees
+    the device alone.
     """
 
-    def __init__(self, device: str, device_lock: threading.Lock | None = None) -> None:
+    def __init__(self, device: str, device_lock: DeviceLock | None = None) -> None:
         self.device = device
         self.device_lock = device_lock
         self.lock_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)

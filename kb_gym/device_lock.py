@@ -1,0 +1,100 @@
+"""One GPU measures one candidate at a time, across every Evaluator on the host.
+
+Two trainer ranks that each build an Evaluator over the same GPUs (``torchrun`` around the reward function)
+would otherwise time kernels on one GPU at the same moment. A job holds its GPU's lock from its correctness
+stage to its result (loading and compiling run outside it); the lock is a ``flock`` on a file named after the
+physical GPU, so it holds across processes whatever ``CUDA_VISIBLE_DEVICES`` each one sees.
+
+Sharing modes (``Evaluator(gpu_sharing=...)``):
+    ``"wait"`` (default): Evaluators on one host take turns per job.
+    ``"refuse"``: an Evaluator claims its GPUs for its lifetime; a second one on the same GPU is refused at
+        construction with a message naming the holder.
+    ``"off"``: no host lock (one Evaluator per GPU is the user's business).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+SHARING_MODES = ("wait", "refuse", "off")
+
+
+def lock_dir() -> Path:
+    path = Path(os.environ.get("KB_GYM_GPU_LOCK_DIR", Path(tempfile.gettempdir()) / "kb_gym_gpu_locks"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def physical_gpu(device: str) -> str:
+    """The host-wide name of ``cuda:N`` as this process sees it: its entry in CUDA_VISIBLE_DEVICES (an index
+    or a UUID), or N where that is unset."""
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    name = visible[index] if index < len(visible) else str(index)
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+class DeviceLock:
+    """Held by one job at a time: within this process (a thread lock shared by the device's workers) and, on
+    a GPU, across the host (``flock``). ``acquire`` blocks until both are free."""
+
+    def __init__(self, device: str, host_wide: bool = True) -> None:
+        self.device = device
+        self._threads = threading.Lock()
+        self.path = lock_dir() / f"gpu-{physical_gpu(device)}.lock" if host_wide else None
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self._threads.acquire()
+        if self.path is not None:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except OSError:
+                self._close()
+                self._threads.release()
+                raise
+
+    def release(self) -> None:
+        self._close()
+        self._threads.release()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+class GpuClaim:
+    """An Evaluator's claim on its GPUs for its lifetime (``gpu_sharing="refuse"``)."""
+
+    def __init__(self, devices: list[str]) -> None:
+        self._fds: list[int] = []
+        try:
+            for device in dict.fromkeys(d for d in devices if d.startswith("cuda")):
+                path = lock_dir() / f"gpu-{physical_gpu(device)}.owner"
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise RuntimeError(
+                        f"{device} is already claimed by another kb_gym Evaluator on this host (pid {holder}; "
+                        f"{path}). Give each process its own GPUs, share one evaluator service "
+                        "(docs/distributed.md), or use gpu_sharing='wait' to take turns") from None
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                self._fds.append(fd)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
