@@ -198,6 +198,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         data["eval_devices"] = args.device
     if args.evaluator is not None:
         data["evaluator"] = args.evaluator
+    for name in ("resume", "eval_preset"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    if args.overwrite:
+        data["overwrite"] = True
     if args.size != "auto" or args.split is not None:  # else the trainer loads the dataset itself, as before
         data["dataset"] = _load(args, data.get("dataset"), data.get("level"), data.get("eval_devices"))
     if args.plain_prompts:
@@ -363,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an EvalConfig field, e.g. --eval trials=3")
     p.add_argument("--workers-per-device", type=int, default=None,
                    help="the evaluator's warm workers per device (compiles overlap, kernels take turns)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+                   help="continue from a checkpoint (default: the newest checkpoint-N in output_dir), with the "
+                        "optimizer, scheduler and data position")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an output_dir that holds a finished model (refused otherwise)")
+    p.add_argument("--eval-preset", default=None, choices=("rl", "default"),
+                   help="the EvalConfig preset of training evaluations (default: rl)")
     p.add_argument("--evaluator", default=None, metavar="local|ray|ray://HOST:PORT",
                    help="evaluate in this process (local, the default) or on the Ray service of `kb-gym serve`")
     p.add_argument("--plain-prompts", action="store_true",

@@ -123,6 +123,51 @@ def test_grpo_trainer_scores_its_generations_with_the_kernel_reward(tiny_lm, tmp
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
 
 
+def test_a_run_resumes_from_its_latest_checkpoint_and_a_finished_run_is_never_overwritten_unasked(tiny_lm, tmp_path):
+    """`kb-gym train --resume latest`: the step count, optimizer and data position carry on from checkpoint-2;
+    the same command without --resume (or --overwrite) is refused before any model loads."""
+    from kb_gym.training.errors import ConfigError
+    from kb_gym.training.grpo import GRPOKernelConfig, check_config, train
+
+    model, tokenizer = tiny_lm
+    results = tmp_path / "r.jsonl"
+    out = tmp_path / "out"
+
+    def config(max_steps: int, **extra) -> GRPOKernelConfig:
+        grpo = {**GRPO_STEP, "max_steps": max_steps, "save_strategy": "steps", "save_steps": 1, "output_dir": str(out)}
+        return GRPOKernelConfig(model="tiny", level=1, one_shot=False, eval_devices="cpu",
+                                eval_config={"trials": 1, "timing": False}, results_path=str(results), grpo=grpo,
+                                **extra)
+
+    with pytest.raises(ConfigError, match="no checkpoint-N folder"):
+        check_config(config(2, resume="latest"))
+    first = train(config(2), model=model, processing_class=tokenizer)
+    assert first.state.global_step == 2 and (out / "checkpoint-2").is_dir() and (out / "config.json").exists()
+    with pytest.raises(ConfigError, match="--resume latest.*--overwrite"):
+        check_config(config(3))
+    again = train(config(3, resume="latest"), model=model, processing_class=tokenizer)
+    assert again.state.global_step == 3
+    # 2 completions a step: steps 1-2 in the first run, only step 3 in the resumed one
+    assert len(results.read_text().splitlines()) == 6
+    check_config(config(3, overwrite=True))  # asked for: allowed
+
+
+def test_training_evaluates_with_the_rl_preset_unless_told_otherwise(tiny_lm, tmp_path):
+    from kb_gym.training.grpo import GRPOKernelConfig, build_trainer
+
+    model, tokenizer = tiny_lm
+    for preset, reuse in (("rl", True), ("default", False)):
+        cfg = GRPOKernelConfig(model="tiny", level=1, one_shot=False, eval_devices="cpu", eval_preset=preset,
+                               eval_config={"trials": 1}, results_path=False,
+                               grpo={**GRPO_STEP, "output_dir": str(tmp_path / preset)})
+        trainer, reward_fn = build_trainer(cfg, model=model, processing_class=tokenizer)
+        try:
+            assert reward_fn.evaluator.config.reuse_cached_baseline is reuse
+            assert reward_fn.evaluator.config.trials == 1  # the fields given sit on top of the preset
+        finally:
+            reward_fn.close()
+
+
 def test_cli_train_runs_a_local_model_and_saves_it(tiny_lm, tmp_path, capsys):
     from kb_gym.cli import main
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from kb_gym.config import EvalConfig
+from kb_gym.config import CONFIG_PRESETS, config_preset
 from kb_gym.problems import load_problems
 from kb_gym.training.config_check import check_eval_config, check_grpo_config, check_keys
 from kb_gym.training.dataset import build_prompt_dataset
@@ -41,7 +42,14 @@ class GRPOKernelConfig:
         evaluator: ``"local"`` (an Evaluator over ``eval_devices`` in each trainer process) or the Ray
             service every rank shares (``"ray"``, ``"ray://HOST:10001"``; docs/distributed.md).
         workers_per_device: the evaluator's warm workers per device.
-        eval_config: EvalConfig fields for every evaluation (``{"trials": 3}``).
+        eval_preset: the EvalConfig preset the evaluations start from: ``"rl"`` (the default for
+            training: the baseline timed once per problem and reused, a 5 s timing budget; measured in
+            docs/benchmarks.md, 0b) or ``"default"``.
+        eval_config: EvalConfig fields on top of the preset (``{"trials": 3}``).
+        resume: continue from a checkpoint in ``grpo["output_dir"]``: a path, or ``"latest"`` (its
+            newest ``checkpoint-N``), with the optimizer, scheduler and data position.
+        overwrite: start afresh in an output folder that already holds a finished model (refused
+            otherwise, so a finished run is never overwritten by accident).
         results_path: JSONL file of every evaluation (None: the default store under the cache).
         grpo: GRPOConfig fields (``output_dir``, ``max_steps``, ``num_generations``, ...).
     """
@@ -61,8 +69,11 @@ class GRPOKernelConfig:
     eval_devices: str = "auto"
     evaluator: str = "local"
     workers_per_device: int = 1
+    eval_preset: str = "rl"
     eval_config: dict[str, Any] = field(default_factory=dict)
     results_path: str | None = None
+    resume: str | None = None
+    overwrite: bool = False
     grpo: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,7 +90,7 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
                                    exclude=cfg.exclude)
     reward_fn = KernelRewardFunction(KernelRewardConfig(
         reward=cfg.reward, reward_kwargs=cfg.reward_kwargs, dataset=problems, devices=cfg.eval_devices,
-        workers_per_device=cfg.workers_per_device, eval_config=EvalConfig(**cfg.eval_config),
+        workers_per_device=cfg.workers_per_device, eval_config=config_preset(cfg.eval_preset, **cfg.eval_config),
         results_path=cfg.results_path, evaluator=cfg.evaluator))
     grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}
     try:
@@ -101,11 +112,40 @@ def _cpu_defaults() -> dict[str, Any]:
     return {} if torch.cuda.is_available() else {"use_cpu": True, "bf16": False}
 
 
+def output_dir(cfg: GRPOKernelConfig) -> Path:
+    return Path(cfg.grpo.get("output_dir", "kb_gym_grpo"))
+
+
+def checkpoint_to_resume(cfg: GRPOKernelConfig) -> str | None:
+    """The checkpoint ``cfg.resume`` names (``"latest"``: the newest in the output folder), checked to exist;
+    else None. A finished model in the output folder without ``resume`` or ``overwrite`` is refused."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out = output_dir(cfg)
+    resume = cfg.resume or cfg.grpo.get("resume_from_checkpoint")
+    if resume in (None, False, ""):
+        finished = out.is_dir() and any((out / name).exists() for name in ("config.json", "adapter_config.json"))
+        if finished and not cfg.overwrite:
+            raise ConfigError(f"{out} already holds a trained model: continue it with --resume latest, or start "
+                              "afresh with --overwrite")
+        return None
+    if resume in ("latest", True, "true"):
+        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if last is None:
+            raise ConfigError(f"--resume latest: no checkpoint-N folder in {out} (save_steps writes them)")
+        return last
+    if not Path(str(resume)).is_dir():
+        raise ConfigError(f"--resume {resume}: no such checkpoint folder")
+    return str(resume)
+
+
 def train(cfg: GRPOKernelConfig, **kwargs: Any) -> Any:
-    """Build the trainer, train, save the final model to ``output_dir``; returns the trainer."""
+    """Build the trainer, train (from ``cfg.resume``'s checkpoint where given), save the final model to
+    ``output_dir``; returns the trainer."""
+    checkpoint = checkpoint_to_resume(cfg)
     trainer, reward_fn = build_trainer(cfg, **kwargs)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
     finally:
         reward_fn.close()
@@ -122,7 +162,10 @@ def config_from_dict(data: dict[str, Any]) -> GRPOKernelConfig:
 
 def check_config(cfg: GRPOKernelConfig) -> None:
     """Every option's key and value, before a model or an evaluator starts (ConfigError, one line)."""
-    check_eval_config(cfg.eval_config, "eval_config (--eval)")
+    if cfg.eval_preset not in CONFIG_PRESETS:
+        raise ConfigError(f"eval_preset {cfg.eval_preset!r}: use one of {sorted(CONFIG_PRESETS)}")
+    check_eval_config({**CONFIG_PRESETS[cfg.eval_preset], **cfg.eval_config}, "eval_config (--eval)")
+    checkpoint_to_resume(cfg)  # a missing checkpoint, or a finished run in the way, before any model loads
     if not (cfg.evaluator in ("local", "ray", "ray:auto") or cfg.evaluator.startswith("ray://")):
         raise ConfigError(f"evaluator (--evaluator) {cfg.evaluator!r}: use 'local', 'ray' or 'ray://HOST:PORT'")
     check_grpo_config({**_cpu_defaults(), **cfg.grpo}, "grpo (--grpo)")
