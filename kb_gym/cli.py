@@ -277,7 +277,7 @@ def cmd_evaluate_model(args: argparse.Namespace) -> int:
                           eval_config=_key_values(args.eval, "eval"), out_dir=args.out)
     try:
         summary = evaluate_model(cfg)
-    except ModelLoadError as exc:
+    except (ModelLoadError, ValueError) as exc:  # a model that will not load, a folder of another model's run
         raise SystemExit(f"kb-gym evaluate-model: {exc}") from None
     print(format_table(summary))
     print(f"results, summary.json, summary.csv and fast_p.png in {args.out}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kb_gym.result import EvalResult
 
@@ -32,8 +34,10 @@ class ResultsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    def append(self, result: EvalResult) -> None:
-        line = result.to_json() + "\n"
+    def append(self, result: EvalResult, extra: dict[str, Any] | None = None) -> None:
+        """``extra``: fields written beside the result's (``evaluate-model``'s problem key and sample index)."""
+        line = (result.to_json() if not extra else json.dumps({**result.to_dict(), **extra}, default=str,
+                                                                  allow_nan=False)) + "\n"
         with self._lock, open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line)
             fh.flush()

@@ -218,6 +218,39 @@ def test_evaluate_model_writes_results_summaries_and_plot(tmp_path):
     assert (tmp_path / "summary.csv").read_text().startswith("group,") and (tmp_path / "fast_p.png").exists()
 
 
+def test_evaluate_model_run_again_after_a_crash_does_only_what_is_missing(tmp_path):
+    """Completions and results are on disk as they are made; a second run into the folder generates and
+    evaluates only the rest, and a folder of another model is refused."""
+    import json
+
+    from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
+
+    calls: list[int] = []
+
+    def policy(batch):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("preempted")  # the second generate call dies: the first batch is kept
+        return ["I cannot do this one."] * len(batch)
+
+    cfg = ModelEvalConfig(model="fixed-policy", level=3, samples=1, eval_devices="cpu", out_dir=str(tmp_path),
+                          eval_config={"trials": 1, "timing": False}, batch_size=4)
+    with pytest.raises(RuntimeError, match="preempted"):
+        evaluate_model(cfg, generate=policy)
+    n = len(load_problems("builtin", level=3))
+    assert len((tmp_path / "completions.jsonl").read_text().splitlines()) == 4
+    assert not (tmp_path / "results.jsonl").exists()
+    summary = evaluate_model(cfg, generate=policy)  # generates the other n - 4, evaluates all n
+    assert calls[2:] and sum(calls[2:]) == n - 4 and summary["all"]["n_tasks"] == n
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["problem_key"] for r in rows) == sorted(p.key for p in load_problems("builtin", level=3))
+    calls.clear()
+    evaluate_model(cfg, generate=policy)  # all done: nothing generated or evaluated again
+    assert calls == [] and len((tmp_path / "results.jsonl").read_text().splitlines()) == n
+    with pytest.raises(ValueError, match="its own --out folder"):
+        evaluate_model(ModelEvalConfig(**{**cfg.__dict__, "model": "another"}), generate=policy)
+
+
 @pytest.mark.parametrize("chat", [True, False], ids=["chat-template", "base-model"])
 def test_cli_evaluate_model_with_a_local_model(tiny_lm, tmp_path, capsys, chat):
     from kb_gym.cli import main

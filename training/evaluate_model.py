@@ -1,15 +1,18 @@
 """Evaluate a checkpoint: generate answers with it, evaluate them, write the fast_p table
 (``kb-gym evaluate-model``).
 
-Outputs in ``out_dir``: ``results.jsonl`` (every EvalResult, in problem then sample order), ``summary.json``
+Outputs in ``out_dir``: ``completions.jsonl`` (every answer, written as each batch is generated),
+``results.jsonl`` (every EvalResult with its problem key and sample index, written as each lands), ``summary.json``
 and ``summary.csv`` (per level and over all: correct rate, fast_p for p = 0, 0.5, 0.8, 1, 1.5, 2,
-geometric-mean speedup, best-of-k) and ``fast_p.png``.
+geometric-mean speedup, best-of-k) and ``fast_p.png``. Run again into the same folder (after a crash or a
+preemption), it generates and evaluates only what is missing.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from kb_gym.metrics import DEFAULT_PS, load_results, summarize
 from kb_gym.problems import Problem, load_problems
 from kb_gym.prompts import DEFAULT_BACKEND, build_messages
 from kb_gym.report import plot_fast_p
+from kb_gym.store import ResultsStore
 from kb_gym.training.errors import ModelLoadError
 
 GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
@@ -107,20 +111,32 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     if cfg.samples < 1:
         raise ValueError(f"samples must be at least 1, got {cfg.samples}")
     problems = load_problems(cfg.dataset, level=cfg.level, size=cfg.size, device=cfg.eval_devices)
-    if generate is None:
-        model, tokenizer = load_hf_model(cfg.model)
-        generate = hf_generate_fn(model, tokenizer, cfg)
     jobs: list[tuple[Problem, int]] = [(p, k) for p in problems for k in range(cfg.samples)]
-    answers: list[str] = []
-    for start in range(0, len(jobs), max(1, cfg.batch_size)):
-        batch = jobs[start:start + cfg.batch_size]
-        answers += generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.jsonl"
-    results_path.unlink(missing_ok=True)
-    with Evaluator(cfg.eval_devices, config=EvalConfig(**cfg.eval_config), results_path=results_path) as ev:
-        ev.evaluate_many([(p, text) for (p, _), text in zip(jobs, answers, strict=True)], progress=True)
+    completions_path, results_path = out / "completions.jsonl", out / "results.jsonl"
+    answers = _done(completions_path, cfg.model, "completion")
+    todo = [(p, k) for p, k in jobs if (p.key, k) not in answers]
+    if todo and generate is None:
+        model, tokenizer = load_hf_model(cfg.model)
+        generate = hf_generate_fn(model, tokenizer, cfg)
+    for start in range(0, len(todo), max(1, cfg.batch_size)):  # each batch on disk as it is generated
+        batch = todo[start:start + cfg.batch_size]
+        texts = generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
+        with open(completions_path, "a", encoding="utf-8") as fh:
+            for (p, k), text in zip(batch, texts, strict=True):
+                fh.write(json.dumps({"model": cfg.model, "problem_key": p.key, "sample": k, "completion": text}) + "\n")
+                answers[(p.key, k)] = text
+            fh.flush()
+            os.fsync(fh.fileno())
+    evaluated = _done(results_path, cfg.model, "status")
+    store = ResultsStore(results_path)
+    left = [(p, k) for p, k in jobs if (p.key, k) not in evaluated]
+    if left:  # after generation, so that a policy on the same GPU never runs beside a timed kernel
+        with Evaluator(cfg.eval_devices, config=EvalConfig(**cfg.eval_config), results_path=False) as ev:
+            futures = [ev.submit(p, answers[(p.key, k)]) for p, k in left]
+            for (p, k), future in zip(left, futures, strict=True):  # recorded in order, each as soon as it can be
+                store.append(future.result(), extra={"model": cfg.model, "problem_key": p.key, "sample": k})
     results = load_results(results_path)
     summary = summarize(results, ps=cfg.ps)
     (out / "summary.json").write_text(json.dumps({"model": cfg.model, "dataset": str(cfg.dataset),
@@ -128,6 +144,26 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     _write_csv(out / "summary.csv", summary)
     plot_fast_p(results, out / "fast_p.png", title=f"fast_p: {cfg.model}")
     return summary
+
+
+def _done(path: Path, model: str, field_name: str) -> dict[tuple[str, int], Any]:
+    """What an earlier run into the same folder already wrote: (problem key, sample) -> the field's value.
+    Lines of another model are an error (one folder, one model); a torn last line is ignored."""
+    done: dict[tuple[str, int], Any] = {}
+    if not path.exists():
+        return done
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict) or "problem_key" not in row:
+            continue
+        if row.get("model") != model:
+            raise ValueError(f"{path} holds answers of model {row.get('model')!r}, not {model!r}: give this "
+                             "model its own --out folder")
+        done[(row["problem_key"], int(row.get("sample", 0)))] = row.get(field_name)
+    return done
 
 
 def _write_csv(path: Path, summary: dict[str, dict[str, Any]]) -> None:
