@@ -77,6 +77,12 @@ def test_rewards_order_a_batch_and_log_metrics(reward_fn):
     recorded = reward_fn.evaluator.store.path.read_text().splitlines()[-4:]  # every sample, the unknown one too
     assert sorted(json.loads(line)["status"] for line in recorded) == sorted(statuses)
     assert logged["kernel_reward/correct"] == 0.25 and logged["kernel_reward/compiled"] == 0.5
+    # the share of every status (all of them, so the columns stay put), flag rates, reward components, time
+    assert logged["kernel_reward/status/format_error"] == 0.5 and logged["kernel_reward/status/incorrect"] == 0.25
+    assert logged["kernel_reward/status/timeout"] == 0.0
+    assert {"kernel_reward/reward/status", "kernel_reward/reward/speed", "kernel_reward/reward/integrity_penalty"} \
+        <= set(logged)
+    assert logged["kernel_reward/eval_seconds"] > 0
     assert extra["status"] == statuses and len(extra["speedup"]) == 4
     assert reward_fn.__name__ == "kernel_reward"
 
@@ -97,7 +103,21 @@ def test_mismatched_columns_are_a_clear_error(reward_fn):
 
 
 def test_batch_metrics_of_nothing_is_zero():
-    assert batch_metrics([]) == {"correct": 0.0, "compiled": 0.0, "fast_1": 0.0, "speedup_mean_correct": 0.0}
+    metrics = batch_metrics([])
+    assert {k: metrics[k] for k in ("correct", "compiled", "fast_1", "speedup_mean_correct")} == dict.fromkeys(
+        ("correct", "compiled", "fast_1", "speedup_mean_correct"), 0.0)
+    assert all(v == 0.0 for k, v in metrics.items() if k.startswith("status/")) and "status/correct" in metrics
+
+
+def test_batch_metrics_count_each_flag_once_per_result_and_average_the_reward_parts():
+    results = [EvalResult(status="correct", speedup=2.0, flags=["side_stream", "side_stream"]),
+               EvalResult(status="correct", speedup=1.0, flags=["no_custom_kernel"]),
+               EvalResult(status="incorrect")]
+    metrics = batch_metrics(results, parts=[{"speed": 1.0, "label": "x"}, {"speed": 0.0}, {"speed": float("nan")}],
+                            seconds=3.5)
+    assert metrics["flag/side_stream"] == pytest.approx(1 / 3) and metrics["flag/no_custom_kernel"] == pytest.approx(1 / 3)
+    assert metrics["status/correct"] == pytest.approx(2 / 3) and metrics["reward/speed"] == 0.5  # NaN and text left out
+    assert metrics["eval_seconds"] == 3.5
 
 
 GRPO_STEP = {"per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 8, "max_steps": 1,

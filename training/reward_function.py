@@ -9,17 +9,22 @@ speedups through TRL's ``log_metric`` / ``log_extra`` hooks when the trainer pro
 
 from __future__ import annotations
 
+import collections
+import math
 import statistics
+import time
 import warnings
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from kb_gym.config import EvalConfig
 from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
-from kb_gym.result import EvalResult, valid_speedup
+from kb_gym.result import EvalResult, Status, valid_speedup
 from kb_gym.rewards import get_reward, is_correct
 
 
@@ -115,13 +120,21 @@ class KernelRewardFunction:
         if len(problem_key) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
         # Submit the whole batch before waiting on any of it: the workers of every device share it.
+        started = time.perf_counter()
         futures = [self.evaluator.submit(self.problems[key], completion_text(c)) if key in self.problems else key
                    for key, c in zip(problem_key, completions, strict=True)]
+        pending = [f for f in futures if isinstance(f, Future)]
+        # A bar while a batch of kernels is evaluated (minutes at GPU size); off where stderr is not a terminal.
+        for _ in tqdm(as_completed(pending), total=len(pending), desc="evaluating kernels", leave=False, disable=None):
+            pass
         results = [f.result() if isinstance(f, Future) else self._unknown(f) for f in futures]
+        seconds = time.perf_counter() - started
         self.last_results = results
-        rewards = [float(self._reward(r)[0]) for r in results]
+        scored = [self._reward(r) for r in results]
+        rewards = [float(reward) for reward, _ in scored]
         if log_metric is not None:
-            for name, value in batch_metrics(results).items():
+            metrics = batch_metrics(results, parts=[parts for _, parts in scored], seconds=seconds)
+            for name, value in metrics.items():
                 log_metric(f"{self.__name__}/{name}", value)
         if log_extra is not None:
             log_extra("status", [r.status for r in results])
@@ -135,18 +148,35 @@ class KernelRewardFunction:
             warnings.warn(f"{message}; is KernelRewardConfig.dataset the training set's dataset?", stacklevel=3)
             self._warned = True
         result = EvalResult(status="format_error", problem_name=str(key), error=message, feedback=message)
-        if self.evaluator.store is not None:
-            self.evaluator.store.append(result)  # recorded like every other sample
+        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's service keeps its own
+        if store is not None:
+            store.append(result)  # recorded like every other sample
         return result
 
 
-def batch_metrics(results: Sequence[EvalResult]) -> dict[str, float]:
-    """Fractions correct, compiled and faster than the baseline (with speed credit), and the mean
-    speedup of the correct results that earned speed credit."""
+def batch_metrics(results: Sequence[EvalResult], parts: Sequence[Mapping[str, Any]] | None = None,
+                  seconds: float | None = None) -> dict[str, float]:
+    """Fractions correct, compiled and faster than the baseline (with speed credit), the mean speedup of the
+    correct results that earned speed credit; the share of each status (``status/<name>``: every status, so
+    the columns stay put), each integrity flag's rate (``flag/<name>``: the reward-hacking signal), the mean
+    of each reward component (``reward/<name>``) and the batch's evaluation seconds."""
     n = max(1, len(results))
     correct = [r for r in results if is_correct(r)]
     speedups = [s for s in (valid_speedup(r.speedup) for r in correct if r.speed_credit is not False) if s is not None]
     compiled = sum(r.status in ("correct", "incorrect", "runtime_error", "timeout") for r in results)
-    return {"correct": len(correct) / n, "compiled": compiled / n,
-            "fast_1": sum(s > 1 for s in speedups) / n,
-            "speedup_mean_correct": statistics.fmean(speedups) if speedups else 0.0}
+    out = {"correct": len(correct) / n, "compiled": compiled / n,
+           "fast_1": sum(s > 1 for s in speedups) / n,
+           "speedup_mean_correct": statistics.fmean(speedups) if speedups else 0.0}
+    statuses = collections.Counter(r.status for r in results)
+    out.update({f"status/{s.value}": statuses.get(s.value, 0) / n for s in Status})
+    flags = collections.Counter(f for r in results for f in set(r.flags or []))
+    out.update({f"flag/{f}": count / n for f, count in sorted(flags.items())})
+    numeric = collections.defaultdict(list)
+    for row in parts or []:
+        for name, value in (row or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                numeric[name].append(float(value))
+    out.update({f"reward/{name}": statistics.fmean(values) for name, values in sorted(numeric.items())})
+    if seconds is not None:
+        out["eval_seconds"] = seconds
+    return out
