@@ -113,9 +113,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kb_gym.report import report
 
-    print(report(args.results, png_path=args.png))
-    if args.png:
-        print(f"plot written to {args.png}")
+    ks = [int(k) for k in args.k.split(",") if k.strip()] if args.k else []
+    print(report(args.results, png_path=args.png, ks=ks))  # its last line says where the plot went
     return 0
 
 
@@ -419,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the statistics as JSON here")
     p.set_defaults(func=cmd_soak)
 
-    p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file")
-    p.add_argument("results", help="results JSONL file")
+    p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file, or several compared")
+    p.add_argument("results", nargs="+", help="results JSONL file(s): several give one table and one plot of all")
+    p.add_argument("--k", default=None, help="comma-separated k for fast_1@k columns (unbiased pass@k), e.g. 1,4")
     p.add_argument("--png", default=None, help="write a fast_p-vs-p plot here")
     p.set_defaults(func=cmd_report)
     return parser

@@ -263,7 +263,7 @@ def _group_sort_key(group: str) -> tuple[int, int, str]:
 
 
 def _summarize_group(
-    grouped: dict[str, list[tuple[_Sample, ResultLike]]], ps: Sequence[float]
+    grouped: dict[str, list[tuple[_Sample, ResultLike]]], ps: Sequence[float], ks: Sequence[int] = ()
 ) -> dict[str, Any]:
     samples = [s for task_samples in grouped.values() for s, _ in task_samples]
     per_task = list(grouped.values())
@@ -282,6 +282,10 @@ def _summarize_group(
     # share of the speed-of-light floor (None where no result carries one, e.g. CPU runs).
     sols = [s.sol_fraction for s in best if s.ok and s.sol_fraction is not None]
     row["median_sol_fraction"] = statistics.median(sols) if sols else None
+    for k in ks:  # fast_p@k: the unbiased estimate that one of k samples per task is fast (fast_p_at_k)
+        for p in ps:
+            fast_counts = [(len(t), sum(1 for s, _ in t if s.is_fast(float(p)))) for t in per_task]
+            row[f"{fast_key(p)}@{k}"] = _mean([_at_least_one_of_k(n, c, k) for n, c in fast_counts])
     n = len(grouped)
     row["best_of"] = {
         "correct": sum(1 for s in best if s.ok) / n if n else 0.0,
@@ -296,6 +300,7 @@ def summarize(
     *,
     tasks: Iterable[str] | None = None,
     penalised_flags: Iterable[str] | None = None,
+    ks: Sequence[int] = (),
 ) -> dict[str, dict[str, Any]]:
     """Metrics per level (``"level1"``, ``"level2"``...) and over ``"all"``.
 
@@ -304,14 +309,18 @@ def summarize(
     whose best sample is correct; ``None`` if none), ``median_sol_fraction`` (over the same best
     samples, their share of the speed-of-light floor; ``None`` if none reports one) and
     ``best_of``: ``correct`` and the fast_p values when the best sample of each task is kept (equal
-    to the plain ones with one sample per task). Levels are ordered numerically, ``"all"`` comes last.
+    to the plain ones with one sample per task). For each ``k`` in ``ks``, ``fast_{p:g}@{k}`` per ``p``
+    (:func:`fast_p_at_k`). Levels are ordered numerically, ``"all"`` comes last.
     """
+    for k in ks:
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
     grouped = _group_by_task(results, tasks, penalised_flags)
     by_group: dict[str, dict[str, list[tuple[_Sample, ResultLike]]]] = {}
     for key, samples in grouped.items():
         by_group.setdefault(_group_of(key), {})[key] = samples
-    summary = {g: _summarize_group(by_group[g], ps) for g in sorted(by_group, key=_group_sort_key)}
-    summary[ALL] = _summarize_group(grouped, ps)
+    summary = {g: _summarize_group(by_group[g], ps, ks) for g in sorted(by_group, key=_group_sort_key)}
+    summary[ALL] = _summarize_group(grouped, ps, ks)
     return summary
 
 

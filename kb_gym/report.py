@@ -39,42 +39,71 @@ def _fmt_rate(value: Any) -> str:
 
 
 def _fmt_speedup(value: Any) -> str:
-    return f"{value:.2f}x" if isinstance(value, int | float) and math.isfinite(value) else "-"
+    """Two decimals from 1x up, three significant digits below (0.002x, not 0.00x)."""
+    if not (isinstance(value, int | float) and math.isfinite(value)):
+        return "-"
+    return f"{value:.2f}x" if value >= 0.995 else f"{value:.3g}x"
+
+
+GEOMEAN_NOTE = "geomean(best): geometric-mean speedup over the tasks whose best sample is correct"
+
+
+def _at_k_columns(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``fast_1@k`` columns the summary holds (fast_p@k at p = 1), ordered by k."""
+    keys = {key for row in summary.values() for key in row if key.startswith("fast_1@")}
+    return sorted(keys, key=lambda key: int(key.split("@")[1]))
 
 
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """A plain-text table of :func:`kb_gym.metrics.summarize` output.
 
     Rows: each level, then ``all``. Columns: ``n`` (tasks), ``samples`` (only when some task has
-    several), ``correct``, ``fast_0`` ... ``fast_2`` (whatever p the summary holds), ``geomean``, and
-    ``sol`` (median share of the speed-of-light floor) when any result reports one.
+    several, then also ``best:correct`` and ``best:fast_1``, each task's best sample), ``correct``,
+    ``fast_0`` ... ``fast_2`` (whatever p the summary holds), ``fast_1@k`` for each k summarised,
+    ``geomean(best)`` (labelled below the table), and ``sol`` (median share of the speed-of-light
+    floor) when any result reports one.
     """
-    fast_cols = _fast_columns(summary)
-    show_samples = any(row.get("n_samples", 0) != row.get("n_tasks", 0) for row in summary.values())
-    show_sol = any(row.get("median_sol_fraction") is not None for row in summary.values())
-    header = (["level", "n"] + (["samples"] if show_samples else []) + ["correct", *fast_cols, "geomean"]
-              + (["sol"] if show_sol else []))
+    return format_tables({"": summary})
+
+
+def format_tables(summaries: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """One table over several runs (a ``run`` column first, e.g. base against trained): each run's rows."""
+    runs = [name for name in summaries if name]
+    merged = [row for summary in summaries.values() for row in summary.values()]
+    every = {name: row for summary in summaries.values() for name, row in summary.items()}
+    fast_cols = _fast_columns(every)
+    at_k = _at_k_columns(every)
+    show_samples = any(row.get("n_samples", 0) != row.get("n_tasks", 0) for row in merged)
+    show_sol = any(row.get("median_sol_fraction") is not None for row in merged)
+    header = ((["run"] if runs else []) + ["level", "n"] + (["samples"] if show_samples else [])
+              + ["correct", *fast_cols, *at_k] + (["best:correct", "best:fast_1"] if show_samples else [])
+              + ["geomean(best)"] + (["sol"] if show_sol else []))
     rows = []
-    for name, row in summary.items():
-        cells = [str(name), str(row.get("n_tasks", 0))]
-        if show_samples:
-            cells.append(str(row.get("n_samples", 0)))
-        cells.append(_fmt_rate(row.get("correct")))
-        cells.extend(_fmt_rate(row.get(col)) for col in fast_cols)
-        cells.append(_fmt_speedup(row.get("geomean_speedup")))
-        if show_sol:
-            sol = row.get("median_sol_fraction")
-            cells.append(f"{sol:.0%}" if isinstance(sol, int | float) else "-")
-        rows.append(cells)
+    for run, summary in summaries.items():
+        for name, row in summary.items():
+            cells = ([run] if runs else []) + [str(name), str(row.get("n_tasks", 0))]
+            if show_samples:
+                cells.append(str(row.get("n_samples", 0)))
+            cells.append(_fmt_rate(row.get("correct")))
+            cells.extend(_fmt_rate(row.get(col)) for col in [*fast_cols, *at_k])
+            if show_samples:
+                best = row.get("best_of") or {}
+                cells += [_fmt_rate(best.get("correct")), _fmt_rate(best.get("fast_1"))]
+            cells.append(_fmt_speedup(row.get("geomean_speedup")))
+            if show_sol:
+                sol = row.get("median_sol_fraction")
+                cells.append(f"{sol:.0%}" if isinstance(sol, int | float) else "-")
+            rows.append(cells)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    text_cols = 2 if runs else 1
 
     def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
-        return "  ".join([first, *rest]).rstrip()
+        first = [c.ljust(w) for c, w in zip(cells[:text_cols], widths[:text_cols], strict=True)]
+        rest = (c.rjust(w) for c, w in zip(cells[text_cols:], widths[text_cols:], strict=True))
+        return "  ".join([*first, *rest]).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+    return "\n".join([line(header), rule, *(line(r) for r in rows), GEOMEAN_NOTE])
 
 
 def plot_fast_p(
@@ -132,36 +161,79 @@ def _style(name: str) -> dict[str, Any]:
     return {"color": "black", "linewidth": 2.0} if name == ALL else {"linewidth": 1.3}
 
 
+def plot_runs(runs: Mapping[str, Iterable[Any]], path_png: str | Path, *, title: str = "fast_p") -> Path:
+    """fast_p against p over all tasks, one curve per run (base against trained), in one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ps = [PLOT_PS_MAX * i / (PLOT_STEPS - 1) for i in range(PLOT_STEPS)]
+    for name, results in runs.items():
+        row = summarize(list(results), ps=ps)[ALL]
+        ax.plot(ps, [row[fast_key(p)] for p in ps], drawstyle="steps-post", linewidth=1.8,
+                label=f"{name} (n={row['n_tasks']}, fast_1 {row[fast_key(1.0)]:.2f})")
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlim(left=0.0)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("p (speedup threshold)")
+    ax.set_ylabel("fast_p (fraction of tasks)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper right")
+    path = Path(path_png)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    return path
+
+
 def report(
-    results_path: str | Path,
+    results_path: str | Path | Sequence[str | Path],
     png_path: str | Path | None = None,
     *,
     ps: Sequence[float] = DEFAULT_PS,
     tasks: Iterable[str] | None = None,
+    ks: Sequence[int] = (),
 ) -> str:
-    """Load a JSONL results file, summarise it and return the table (and write the plot if asked)."""
-    results: LoadedResults = load_results(results_path)
+    """Load one JSONL results file (or several: one table and one plot comparing the runs, named by file),
+    summarise and return the table (and write the plot if asked)."""
+    paths = [results_path] if isinstance(results_path, str | Path) else list(results_path)
+    loaded: dict[str, LoadedResults] = {}
+    for path in paths:
+        name = Path(path).name if len(paths) == 1 else _run_name(Path(path), paths)
+        loaded[name] = load_results(path)
     task_list = None if tasks is None else list(tasks)
-    table = format_table(summarize(results, ps=ps, tasks=task_list))
-    notes = []
-    if results.n_corrupt:
-        notes.append(f"skipped {results.n_corrupt} corrupt line(s) of {results_path}")
+    summaries = {name: summarize(results, ps=ps, tasks=task_list, ks=ks) for name, results in loaded.items()}
+    table = format_table(next(iter(summaries.values()))) if len(paths) == 1 else format_tables(summaries)
+    notes = [f"skipped {r.n_corrupt} corrupt line(s) of {r.path}" for r in loaded.values() if r.n_corrupt]
     if png_path is not None:
-        plot_fast_p(results, png_path, title=f"fast_p: {Path(results_path).name}")
+        if len(paths) == 1:
+            plot_fast_p(next(iter(loaded.values())), png_path, title=f"fast_p: {Path(paths[0]).name}")
+        else:
+            plot_runs(loaded, png_path, title="fast_p: " + " vs ".join(loaded))
         notes.append(f"plot written to {png_path}")
     return table + "".join(f"\n({note})" for note in notes)
 
 
+def _run_name(path: Path, paths: Sequence[str | Path]) -> str:
+    """A run's label: its file name, or its folder's where the file names are the same (eval/base/results.jsonl)."""
+    names = [Path(p).name for p in paths]
+    return (path.parent.name or str(path)) if names.count(path.name) > 1 else path.name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kb_gym.report", description=__doc__)
-    parser.add_argument("results", help="JSONL results file (one EvalResult per line)")
+    parser.add_argument("results", nargs="+", help="JSONL results file(s); several: one table and plot comparing them")
+    parser.add_argument("--k", default="", help="comma-separated k for fast_p@k columns, e.g. 1,4")
     parser.add_argument("--png", default=None, help="write the fast_p curve here")
     parser.add_argument(
         "--ps", default=",".join(f"{p:g}" for p in DEFAULT_PS), help="comma-separated p values"
     )
     args = parser.parse_args(argv)
     ps = [float(p) for p in args.ps.split(",") if p.strip()]
-    print(report(args.results, args.png, ps=ps))
+    print(report(args.results, args.png, ps=ps, ks=[int(k) for k in args.k.split(",") if k.strip()]))
     return 0
 
 

@@ -188,9 +188,10 @@ def test_format_table_and_report(tmp_path, mixed):
         "fast_1",
         "fast_1.5",
         "fast_2",
-        "geomean",
+        "geomean(best)",
     ]
-    assert [line.split()[0] for line in table.splitlines()[2:]] == ["level1", "level2", "all"]
+    assert [line.split()[0] for line in table.splitlines()[2:-1]] == ["level1", "level2", "all"]
+    assert table.splitlines()[-1].startswith("geomean(best): geometric-mean speedup over the tasks whose best")
 
     path = tmp_path / "results.jsonl"
     path.write_text("\n".join(r.to_json() for r in mixed) + "\nnot json\n", encoding="utf-8")
@@ -221,4 +222,36 @@ def test_speed_of_light_share_is_summarised_and_shown_when_results_carry_it(mixe
     assert summary["all"]["median_sol_fraction"] == pytest.approx(0.6)
     table = format_table(summary)
     assert table.splitlines()[0].split()[-1] == "sol"
-    assert table.splitlines()[-1].split()[-1] == "60%"
+    assert table.splitlines()[-2].split()[-1] == "60%"
+
+
+def test_several_samples_show_best_of_fast_p_at_k_and_small_speedups_keep_their_digits():
+    results = [res("a", "correct", 2.0), res("a", "incorrect"), res("b", "correct", 0.002), res("b", "correct", 0.5)]
+    summary = summarize(results, ks=(1, 2))
+    assert summary["all"]["fast_1@1"] == pytest.approx(0.25)  # a: 1 of 2 fast; b: none
+    assert summary["all"]["fast_1@2"] == pytest.approx(0.5)  # a: one of its 2 samples is fast for sure
+    table = format_table(summary)
+    header = table.splitlines()[0].split()
+    assert {"samples", "fast_1@1", "fast_1@2", "best:correct", "best:fast_1", "geomean(best)"} <= set(header)
+    last = dict(zip(header, table.splitlines()[-2].split(), strict=True))
+    assert last["best:correct"] == "1.000" and last["best:fast_1"] == "0.500"
+    assert format_table(summarize([res("b", "correct", 0.002)])).splitlines()[-2].split()[-1] == "0.002x"
+    with pytest.raises(ValueError, match="positive integer"):
+        summarize(results, ks=(0,))
+
+
+def test_report_compares_two_runs_in_one_table_and_one_plot(tmp_path):
+    """`kb-gym report base/results.jsonl trained/results.jsonl --png cmp.png`: each run's rows, named by folder."""
+    for run, speedup in (("base", 0.5), ("trained", 1.5)):
+        (tmp_path / run).mkdir()
+        rows = [res("a", "correct", speedup), res("b", "incorrect")]
+        (tmp_path / run / "results.jsonl").write_text("\n".join(r.to_json() for r in rows) + "\n")
+    png = tmp_path / "cmp.png"
+    text = report([tmp_path / "base" / "results.jsonl", tmp_path / "trained" / "results.jsonl"], png)
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["run", "level"]
+    by_run = {(line.split()[0], line.split()[1]): line.split() for line in lines[2:] if line.split()[1] == "all"}
+    header = lines[0].split()
+    assert dict(zip(header, by_run[("base", "all")], strict=True))["fast_1"] == "0.000"
+    assert dict(zip(header, by_run[("trained", "all")], strict=True))["fast_1"] == "0.500"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and text.count("plot written") == 1

@@ -236,6 +236,12 @@ def test_evaluate_model_writes_results_summaries_and_plot(tmp_path):
     assert summary["all"]["n_tasks"] == n and summary["all"]["fast_0"] == pytest.approx(1 / n)
     assert json.loads((tmp_path / "summary.json").read_text())["samples"] == 2
     assert (tmp_path / "summary.csv").read_text().startswith("group,") and (tmp_path / "fast_p.png").exists()
+    assert "best_of:fast_1" in (tmp_path / "summary.csv").read_text().splitlines()[0]
+    per_problem = (tmp_path / "per_problem.csv").read_text().splitlines()
+    assert per_problem[0] == "problem,samples,correct,fast_1,best_status,best_speedup,best_flags"
+    relu_row = next(line for line in per_problem if line.startswith("level1/1_ReLU,"))
+    assert relu_row.split(",")[1:3] == ["2", "2"] and relu_row.split(",")[4] == "correct"
+    assert len(per_problem) == n + 1
 
 
 def test_evaluate_model_run_again_after_a_crash_does_only_what_is_missing(tmp_path):

@@ -4,7 +4,8 @@
 Outputs in ``out_dir``: ``completions.jsonl`` (every answer, written as each batch is generated),
 ``results.jsonl`` (every EvalResult with its problem key and sample index, written as each lands), ``summary.json``
 and ``summary.csv`` (per level and over all: correct rate, fast_p for p = 0, 0.5, 0.8, 1, 1.5, 2,
-geometric-mean speedup, best-of-k) and ``fast_p.png``. Run again into the same folder (after a crash or a
+geometric-mean speedup, best-of-k), ``per_problem.csv`` (samples, correct, fast and the best sample per
+problem) and ``fast_p.png``. Run again into the same folder (after a crash or a
 preemption), it generates and evaluates only what is missing.
 """
 
@@ -142,6 +143,7 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     (out / "summary.json").write_text(json.dumps({"model": cfg.model, "dataset": str(cfg.dataset),
                                                   "samples": cfg.samples, "summary": summary}, indent=1))
     _write_csv(out / "summary.csv", summary)
+    _write_per_problem(out / "per_problem.csv", results)
     plot_fast_p(results, out / "fast_p.png", title=f"fast_p: {cfg.model}")
     return summary
 
@@ -167,9 +169,31 @@ def _done(path: Path, model: str, field_name: str) -> dict[tuple[str, int], Any]
 
 
 def _write_csv(path: Path, summary: dict[str, dict[str, Any]]) -> None:
-    columns = [k for k in next(iter(summary.values())) if k != "best_of"]
+    """One row per level and ``all``: every metric, ``best_of:*`` (each task's best sample) flattened beside."""
+    first = next(iter(summary.values()))
+    columns = [k for k in first if k != "best_of"]
+    best = list(first.get("best_of") or {})
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["group", *columns])
+        writer.writerow(["group", *columns, *(f"best_of:{b}" for b in best)])
         for group, row in summary.items():
-            writer.writerow([group, *(row.get(c) for c in columns)])
+            writer.writerow([group, *(row.get(c) for c in columns), *((row.get("best_of") or {}).get(b) for b in best)])
+
+
+def _write_per_problem(path: Path, results: list[dict[str, Any]]) -> None:
+    """One row per problem: samples, how many were correct and fast, and its best sample's status and speedup."""
+    from kb_gym.metrics import best_of_k, task_key
+
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_task.setdefault(task_key(r), []).append(r)
+    best = {task_key(r): r for r in best_of_k(results)}
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["problem", "samples", "correct", "fast_1", "best_status", "best_speedup", "best_flags"])
+        for key, rows in by_task.items():
+            top = best[key]
+            fast = sum(1 for r in rows if r.get("status") == "correct" and (r.get("speedup") or 0) > 1
+                       and r.get("speed_credit") is not False)
+            writer.writerow([key, len(rows), sum(r.get("status") == "correct" for r in rows), fast, top.get("status"),
+                             top.get("speedup"), ",".join(top.get("flags") or [])])
