@@ -202,6 +202,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             data[name] = getattr(args, name)
     if args.overwrite:
         data["overwrite"] = True
+    if args.lora:
+        data["lora"] = {**(data.get("lora") or {}), **_key_values(args.lora, "lora")}
     if args.size != "auto" or args.split is not None:  # else the trainer loads the dataset itself, as before
         data["dataset"] = _load(args, data.get("dataset"), data.get("level"), data.get("eval_devices"))
     if args.plain_prompts:
@@ -273,7 +275,7 @@ def cmd_evaluate_model(args: argparse.Namespace) -> int:
     cfg = ModelEvalConfig(model=args.model, dataset=dataset, level=args.level, backend=args.backend,
                           samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size, eval_devices=args.device,
-                          eval_config=_key_values(args.eval, "eval"), out_dir=args.out)
+                          eval_config=_key_values(args.eval, "eval"), out_dir=args.out, vllm=args.vllm)
     try:
         summary = evaluate_model(cfg)
     except (ModelLoadError, ValueError) as exc:  # a model that will not load, a folder of another model's run
@@ -372,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer, scheduler and data position")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in an output_dir that holds a finished model (refused otherwise)")
+    p.add_argument("--lora", action="append", default=[], metavar="KEY=VALUE",
+                   help="train a LoRA adapter: peft LoraConfig fields, e.g. --lora r=16 "
+                        "--lora target_modules=all-linear")
     p.add_argument("--eval-preset", default=None, choices=("rl", "default"),
                    help="the EvalConfig preset of training evaluations (default: rl)")
     p.add_argument("--evaluator", default=None, metavar="local|ray|ray://HOST:PORT",
@@ -406,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE", help="an EvalConfig field")
     p.add_argument("--out", default="kb_gym_eval", help="output folder")
+    p.add_argument("--vllm", action="store_true", help="generate with vLLM (where installed) instead of transformers")
     p.set_defaults(func=cmd_evaluate_model)
 
     p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")

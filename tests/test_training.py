@@ -415,3 +415,41 @@ def test_prompts_are_built_at_the_size_the_evaluator_will_run():
 
     assert "16384" in relu_prompt(size="gpu") and "16384" not in relu_prompt(devices="cpu")
     assert relu_prompt(devices=["cuda:0"]) == relu_prompt(size="gpu")
+
+
+def test_a_lora_run_trains_an_adapter_that_evaluate_model_loads(tiny_lm, tmp_path):
+    """`kb-gym train --lora r=4 ...` trains a peft adapter (saved as adapter_config.json), and
+    `kb-gym evaluate-model --model <that folder>` loads it on its base model."""
+    pytest.importorskip("peft")
+    from kb_gym.training.evaluate_model import load_hf_model
+    from kb_gym.training.grpo import GRPOKernelConfig, train
+
+    model, tokenizer = tiny_lm
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    out = tmp_path / "lora"
+    cfg = GRPOKernelConfig(model=str(base), level=1, one_shot=False, eval_devices="cpu", results_path=False,
+                           eval_config={"trials": 1, "timing": False},
+                           lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                           grpo={**GRPO_STEP, "output_dir": str(out)})
+    trainer = train(cfg)
+    assert type(trainer.model).__name__.startswith("Peft") and (out / "adapter_config.json").is_file()
+    tokenizer.save_pretrained(out)
+    loaded, _ = load_hf_model(str(out))
+    assert type(loaded).__name__.startswith("Peft")
+
+
+def test_lora_and_vllm_settings_are_checked_before_any_model_loads(capsys):
+    from kb_gym.cli import main
+
+    pytest.importorskip("peft")
+    assert main(["train", "--model", "no-such-model", "--lora", "lora_alpa=16"]) == 2
+    assert "did you mean 'lora_alpha'?" in capsys.readouterr().err
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        assert main(["train", "--model", "no-such-model", "--grpo", "use_vllm=true"]) == 2
+        assert "needs vLLM" in capsys.readouterr().err
+        with pytest.raises(SystemExit, match="vLLM is not installed"):
+            main(["evaluate-model", "--model", "no-such-model", "--level", "3", "--device", "cpu", "--vllm"])

@@ -44,6 +44,7 @@ class ModelEvalConfig:
         max_new_tokens, batch_size: generation limits (prompts per ``generate`` call).
         eval_devices, eval_config: the evaluator's devices and EvalConfig fields.
         out_dir: where results, summaries and the plot go.
+        vllm: generate with vLLM (where installed) instead of transformers.
     """
 
     model: str
@@ -60,6 +61,7 @@ class ModelEvalConfig:
     eval_config: dict[str, Any] = field(default_factory=dict)
     out_dir: str = "kb_gym_eval"
     ps: Sequence[float] = DEFAULT_PS
+    vllm: bool = False
 
 
 def hf_generate_fn(model: Any, tokenizer: Any, cfg: ModelEvalConfig) -> GenerateFn:
@@ -89,18 +91,45 @@ def hf_generate_fn(model: Any, tokenizer: Any, cfg: ModelEvalConfig) -> Generate
 
 
 def load_hf_model(name: str) -> tuple[Any, Any]:
+    """A model id or folder; a LoRA adapter folder (``adapter_config.json``, as ``kb-gym train --lora`` saves)
+    loads on its base model through peft."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    adapter = (Path(name) / "adapter_config.json").is_file()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        if adapter:
+            try:
+                from peft import AutoPeftModelForCausalLM
+            except ImportError:
+                raise ModelLoadError(f"{name} is a LoRA adapter; loading it needs peft: pip install "
+                                     "'kb-gym[lora]'") from None
+            model = AutoPeftModelForCausalLM.from_pretrained(name, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except OSError as exc:
         raise ModelLoadError(f"cannot load model {name!r}: {exc}") from exc
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model.eval(), tokenizer
+
+
+def vllm_generate_fn(cfg: ModelEvalConfig) -> GenerateFn:
+    """Generation with vLLM (``--vllm``): the model's chat template, ``samples`` handled as separate prompts."""
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError:
+        raise ModelLoadError("--vllm: vLLM is not installed here (pip install vllm); without --vllm the model "
+                             "generates with transformers") from None
+    llm = LLM(model=cfg.model)
+    params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens)
+
+    def generate(batch: list[list[dict[str, str]]]) -> list[str]:
+        return [out.outputs[0].text for out in llm.chat(batch, params, use_tqdm=False)]
+
+    return generate
 
 
 def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) -> dict[str, Any]:
@@ -118,7 +147,9 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     completions_path, results_path = out / "completions.jsonl", out / "results.jsonl"
     answers = _done(completions_path, cfg.model, "completion")
     todo = [(p, k) for p, k in jobs if (p.key, k) not in answers]
-    if todo and generate is None:
+    if todo and generate is None and cfg.vllm:
+        generate = vllm_generate_fn(cfg)
+    elif todo and generate is None:
         model, tokenizer = load_hf_model(cfg.model)
         generate = hf_generate_fn(model, tokenizer, cfg)
     for start in range(0, len(todo), max(1, cfg.batch_size)):  # each batch on disk as it is generated

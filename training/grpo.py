@@ -46,6 +46,9 @@ class GRPOKernelConfig:
             training: the baseline timed once per problem and reused, a 5 s timing budget; measured in
             docs/benchmarks.md, 0b) or ``"default"``.
         eval_config: EvalConfig fields on top of the preset (``{"trials": 3}``).
+        lora: LoRA adapter settings (peft ``LoraConfig`` fields, e.g. ``{"r": 16, "lora_alpha": 32,
+            "target_modules": "all-linear"}``): train an adapter instead of every weight (``kb-gym[lora]``).
+            vLLM generation is TRL's: ``grpo={"use_vllm": True, "vllm_mode": "colocate"}``.
         resume: continue from a checkpoint in ``grpo["output_dir"]``: a path, or ``"latest"`` (its
             newest ``checkpoint-N``), with the optimizer, scheduler and data position.
         overwrite: start afresh in an output folder that already holds a finished model (refused
@@ -72,6 +75,7 @@ class GRPOKernelConfig:
     eval_preset: str = "rl"
     eval_config: dict[str, Any] = field(default_factory=dict)
     results_path: str | None = None
+    lora: dict[str, Any] | None = None
     resume: str | None = None
     overwrite: bool = False
     grpo: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +99,8 @@ def build_trainer(cfg: GRPOKernelConfig, *, model: Any = None, processing_class:
     grpo = {"output_dir": "kb_gym_grpo", "report_to": [], **_cpu_defaults(), **cfg.grpo}
     try:
         trainer = GRPOTrainer(model=model if model is not None else cfg.model, reward_funcs=[reward_fn],
-                              args=GRPOConfig(**grpo), train_dataset=dataset, processing_class=processing_class)
+                              args=GRPOConfig(**grpo), train_dataset=dataset, processing_class=processing_class,
+                              peft_config=lora_config(cfg.lora))
     except OSError as exc:
         reward_fn.close()
         raise ModelLoadError(f"cannot load model {cfg.model!r}: {exc}") from exc
@@ -110,6 +115,21 @@ def _cpu_defaults() -> dict[str, Any]:
     import torch
 
     return {} if torch.cuda.is_available() else {"use_cpu": True, "bf16": False}
+
+
+def lora_config(fields: dict[str, Any] | None) -> Any:
+    """peft's LoraConfig from plain fields (None: no adapter); a missing peft or a bad field is one ConfigError."""
+    if not fields:
+        return None
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ConfigError("lora (--lora) needs peft: pip install 'kb-gym[lora]'") from None
+    check_keys("lora (--lora)", fields, (f.name for f in dataclasses.fields(LoraConfig)))
+    try:
+        return LoraConfig(**{"task_type": "CAUSAL_LM", **fields})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"lora (--lora): {exc}") from None
 
 
 def output_dir(cfg: GRPOKernelConfig) -> Path:
@@ -166,6 +186,13 @@ def check_config(cfg: GRPOKernelConfig) -> None:
         raise ConfigError(f"eval_preset {cfg.eval_preset!r}: use one of {sorted(CONFIG_PRESETS)}")
     check_eval_config({**CONFIG_PRESETS[cfg.eval_preset], **cfg.eval_config}, "eval_config (--eval)")
     checkpoint_to_resume(cfg)  # a missing checkpoint, or a finished run in the way, before any model loads
+    lora_config(cfg.lora)
+    if cfg.grpo.get("use_vllm"):
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("grpo use_vllm=true needs vLLM in this environment (pip install vllm); "
+                              "or drop it to generate with transformers")
     if not (cfg.evaluator in ("local", "ray", "ray:auto") or cfg.evaluator.startswith("ray://")):
         raise ConfigError(f"evaluator (--evaluator) {cfg.evaluator!r}: use 'local', 'ray' or 'ray://HOST:PORT'")
     check_grpo_config({**_cpu_defaults(), **cfg.grpo}, "grpo (--grpo)")
