@@ -304,6 +304,8 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
     assert right.startswith("correct:") and "0 submission(s) left" in right
     env_results = [env.results[1], env.results[0]]  # correct first, then wrong: "last" takes the wrong one
     assert "limit reached" in env.submit_kernel(SOLUTION) and len(env.results) == 2
+    # the two evaluated submissions wait for the metrics callback; a refused one is not among them
+    assert [r.status for r in factory.take_results()] == ["incorrect", "correct"] and factory.take_results() == []
     default = reward_fn._reward
     assert env.get_reward() == max(default(r)[0] for r in env.results) > nothing
     assert nothing == default(EvalResult(status="format_error"))[0]
@@ -342,9 +344,12 @@ def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
         trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
                                                            report_to=[], **GRPO_STEP),
                               train_dataset=build_prompt_dataset("builtin", level=1, one_shot=False),
-                              processing_class=tokenizer, environment_factory=factory)
+                              processing_class=tokenizer, environment_factory=factory,
+                              callbacks=[factory.metrics_callback()])
         trainer.train()
     logged = trainer.state.log_history[0]
+    # the tool path logs our metrics too: here no rollout submitted anything
+    assert logged["kernel_tool/submissions"] == 0.0 and "kernel_tool/status/correct" in logged
     # Each rollout's environment was reset onto its row's problem through the problem_key column.
     assert made and all(env.problem is not None and env.problem.level == 1 for env in made)
     # No tool call from a random model: every rollout earns the no-submission reward.

@@ -13,6 +13,7 @@ reward when the model submitted nothing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,8 +28,9 @@ class KernelToolEnv:
     """One rollout's environment: the problem from ``reset(problem_key=...)`` and its submissions."""
 
     def __init__(self, evaluator: Evaluator, problems: dict[str, Problem], reward: Any, max_submissions: int,
-                 score: str = "best") -> None:
+                 score: str = "best", record: Any = None) -> None:
         self._evaluator = evaluator
+        self._record = record  # the factory's: every evaluated submission, for the trainer's logs
         self._problems = problems
         self._reward = reward
         self._max_submissions = max_submissions
@@ -59,6 +61,8 @@ class KernelToolEnv:
             return f"Submission limit reached ({self._max_submissions}); the best submission so far counts."
         result = self._evaluator.evaluate(self.problem, code)
         self.results.append(result)
+        if self._record is not None:
+            self._record(result)
         left = self._max_submissions - len(self.results)
         return f"{result.status}: {result.feedback}\n({left} submission(s) left)"
 
@@ -102,9 +106,47 @@ class KernelToolEnvFactory:
         self.max_submissions = max_submissions
         self._own_evaluator = evaluator is None
         self.evaluator = evaluator or Evaluator(devices, config=eval_config, workers_per_device=workers_per_device)
+        self._lock = threading.Lock()
+        self._pending: list[EvalResult] = []
 
     def __call__(self) -> KernelToolEnv:
-        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score)
+        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score,
+                             record=self._record)
+
+    def _record(self, result: EvalResult) -> None:
+        with self._lock:
+            self._pending.append(result)
+
+    def take_results(self) -> list[EvalResult]:
+        """The submissions evaluated since the last call (what the metrics callback logs per step)."""
+        with self._lock:
+            taken, self._pending = self._pending, []
+        return taken
+
+    def metrics_callback(self, name: str = "kernel_tool") -> Any:
+        """A ``TrainerCallback`` that adds to each log entry the reward function's metrics over the tool
+        submissions evaluated since the last one (``kernel_tool/correct``, ``status/*``, ``flag/*``, ``reward/*``,
+        ``submissions``): ``GRPOTrainer(..., environment_factory=factory, callbacks=[factory.metrics_callback()])``.
+        They land in ``trainer.state.log_history``; a reporter (wandb, tensorboard) sees them when this
+        callback runs before it (``trainer.callback_handler.callbacks.insert(0, callback)``)."""
+        from transformers import TrainerCallback
+
+        from kb_gym.training.reward_function import batch_metrics
+
+        factory = self
+
+        class KernelToolMetrics(TrainerCallback):
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+                results = factory.take_results()
+                metrics = batch_metrics(results, parts=[factory.reward(r)[1] for r in results])
+                metrics["submissions"] = float(len(results))
+                logged = {f"{name}/{key}": value for key, value in metrics.items()}
+                if logs is not None:
+                    logs.update(logged)
+                if state.log_history:  # the entry Trainer.log has just appended for these logs
+                    state.log_history[-1].update(logged)
+
+        return KernelToolMetrics()
 
     def close(self) -> None:
         if self._own_evaluator:
