@@ -154,10 +154,13 @@ def kernelbench_way(problem: Problem, source: str, device: str, trials: int, rep
 
 
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,
-              out: str | None = None) -> dict[str, Any]:
+              out: str | None = None, backend: str = "local") -> dict[str, Any]:
+    """``backend="ray"``: the same batch through the Ray service (a local cluster, one worker per device),
+    to compare its wall with the local backend's (docs/distributed.md)."""
     batch = build_batch(size, problems)
-    report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size}
-    with Evaluator(device, results_path=False) as ev:
+    report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size,
+                              "backend": backend}
+    with _evaluator(backend, device) as ev:
         ev.warm()
         trials = ev.config.trials
         sampler = BusySampler()
@@ -195,6 +198,24 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
     if out:
         Path(out).write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _evaluator(backend: str, device: str) -> Any:
+    if backend == "local":
+        return Evaluator(device, results_path=False)
+    if backend != "ray":
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    from kb_gym.evaluator import resolve_devices
+    from kb_gym.service import RayEvaluator, require_ray
+
+    ray = require_ray()
+    devices = resolve_devices(device)
+    if not ray.is_initialized():
+        gpus = sum(d.startswith("cuda") for d in devices)
+        ray.init(num_cpus=max(2, len(devices) + 1), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    gpus = 1.0 if all(d.startswith("cuda") for d in devices) else 0.0
+    return RayEvaluator(address=None, name="kb_gym_batch_bench", workers=len(devices), results_path="",
+                        gpus_per_worker=gpus)
 
 
 def format_batch(report: dict[str, Any]) -> str:

@@ -37,7 +37,8 @@ SLOW = COPY.replace("return torch.clamp_min(inp, 0.0)", "time.sleep(1.5)\n      
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local cluster
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, namespace="kb_gym")
+    # 4 logical CPUs on this 2-core machine: the service's two workers and the batch bench's one each reserve one
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, namespace="kb_gym")
     yield tmp_path_factory.mktemp("ray_service")
     ray.shutdown()
 
@@ -137,3 +138,17 @@ def test_kb_gym_serve_describes_the_running_service_and_a_reward_function_scores
     scores = reward(completions=[f"```python\n{COPY}\n```", "no code"], problem_key=[RELU.key, RELU.key])
     assert scores[0] > scores[1]
     assert [r.status for r in reward.last_results] == ["correct", "format_error"]
+
+
+def test_the_batch_bench_runs_through_the_ray_backend(cluster, monkeypatch):
+    """`kb-gym bench --batch --backend ray`: the throughput batch through the service, for the one-GPU comparison."""
+    from kb_gym.batch_bench import run_batch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    report = run_batch(device="cpu", size="cpu", problems=1, kernelbench_way_too=False, backend="ray")
+    assert report["backend"] == "ray" and report["candidates"] == 4
+    assert set(report["statuses"]["reference"]) == {"correct"} and set(report["statuses"]["wrong"]) == {"incorrect"}
+    from kb_gym.service import RayEvaluator
+
+    with pytest.raises(RuntimeError, match="kb-gym serve"):
+        RayEvaluator(name="kb_gym_batch_bench", start=False)  # the bench's own service went with it

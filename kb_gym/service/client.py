@@ -23,12 +23,14 @@ class RayEvaluator:
         name: the service's name; every client of one name shares its workers.
         config: the EvalConfig (or preset name) this client's evaluations use unless a call passes one.
         start: start the service when none of that name runs (owned by this process unless ``detached``).
-        workers: workers for a service started here (default: one per cluster GPU, else one).
+        workers: workers for a service started here (default: one per cluster GPU, else one), each holding
+            ``gpus_per_worker`` GPUs (default: 1 where the cluster has GPUs, else 0).
     """
 
     def __init__(self, address: str | None = "auto", *, name: str = SERVICE_NAME,
                  config: EvalConfig | str | None = None, start: bool = True, workers: int | None = None,
-                 detached: bool = False, results_path: str | None = None, **overrides: Any) -> None:
+                 detached: bool = False, results_path: str | None = None, gpus_per_worker: float | None = None,
+                 **overrides: Any) -> None:
         self.ray = require_ray()
         if isinstance(config, str):
             config = config_preset(config)
@@ -37,6 +39,7 @@ class RayEvaluator:
             local = address in (None, "local")
             self.ray.init(address=None if local else address, namespace=NAMESPACE, ignore_reinit_error=True,
                           log_to_driver=False, **({"include_dashboard": False} if local else {}))
+        self._owned = False
         try:
             self.service = self.ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
@@ -44,7 +47,8 @@ class RayEvaluator:
                 raise RuntimeError(f"no kb_gym evaluation service named {name!r} on this Ray cluster; start one "
                                    "with `kb-gym serve` or RayEvaluator(start=True)") from None
             self.service = start_service(workers, self.config, results_path=results_path, name=name,
-                                         detached=detached)
+                                         detached=detached, gpus_per_worker=gpus_per_worker)
+            self._owned = not detached
         self.name = name
         self.devices = [w["device"] for w in self.ray.get(self.service.ready.remote())]
         self._closed = False
@@ -75,11 +79,19 @@ class RayEvaluator:
         futures = [self.submit(p, s, config=config) for p, s in pairs]
         return [f.result() for f in futures]
 
+    def warm(self) -> RayEvaluator:
+        """The service's workers warm themselves when they start: nothing to do (the Evaluator's API)."""
+        return self
+
     def stats(self) -> dict[str, Any]:
         return self.ray.get(self.service.stats.remote())
 
     def close(self) -> None:
-        self._closed = True  # the service outlives its clients; stop it with `kb-gym serve --stop`
+        self._closed = True  # a detached service outlives its clients; stop it with `kb-gym serve --stop`
+        if self._owned:  # one this client started (not detached) goes with it
+            from kb_gym.service.actors import stop_service
+
+            stop_service(self.name)
 
     def __enter__(self) -> RayEvaluator:
         return self
