@@ -233,9 +233,17 @@ def build_system_prompt(backend: str | PromptBackend = DEFAULT_BACKEND) -> str:
     )
 
 
+def tool_closing(submissions: int) -> str:
+    """How to answer when the model has the ``submit_kernel`` tool (training/tool_env.py)."""
+    return ("Submit the complete program defining `ModelNew` by calling the `submit_kernel` tool with it as `code`. "
+            "Each call returns the verdict (correct, incorrect, compile_error, ...) with the speedup or what went "
+            f"wrong: fix it and submit again, up to {submissions} time(s); your best submission counts.")
+
+
 def build_user_prompt(reference: str, feedback: str = "", backend: str | PromptBackend = DEFAULT_BACKEND, *,
-                      previous_code: str | None = None, one_shot: bool = True) -> str:
-    """The example, the task's reference code and, when given, the previous attempt and its feedback."""
+                      previous_code: str | None = None, one_shot: bool = True, tool_calls: int | None = None) -> str:
+    """The example, the task's reference code and, when given, the previous attempt and its feedback.
+    ``tool_calls``: the model answers through the ``submit_kernel`` tool, at most that many times."""
     spec = get_backend(backend)
     parts = []
     if one_shot:
@@ -250,19 +258,21 @@ def build_user_prompt(reference: str, feedback: str = "", backend: str | PromptB
                    f"Answer with the complete program defining `ModelNew` in a single {_BLOCK}.")
     else:
         closing = f"Write `ModelNew` for this reference. Answer with the complete program in a single {_BLOCK}."
-    parts.append(closing)
+    parts.append(tool_closing(tool_calls) if tool_calls else closing)
     return "\n\n".join(parts)
 
 
 def build_messages(reference: str, feedback: str = "", backend: str | PromptBackend = DEFAULT_BACKEND, *,
                    previous_code: str | None = None, one_shot: bool = True,
-                   system: bool = True) -> list[dict[str, str]]:
+                   system: bool = True, tool_calls: int | None = None) -> list[dict[str, str]]:
     """Chat messages: a system message with the rules, a user message with the example and the task.
 
     ``system=False`` puts everything in one user message, for chat templates without a system role.
+    ``tool_calls``: the task says to answer through the ``submit_kernel`` tool (at most that many calls).
     """
     system_text = build_system_prompt(backend)
-    user_text = build_user_prompt(reference, feedback, backend, previous_code=previous_code, one_shot=one_shot)
+    user_text = build_user_prompt(reference, feedback, backend, previous_code=previous_code, one_shot=one_shot,
+                                  tool_calls=tool_calls)
     if not system:
         return [{"role": "user", "content": system_text + "\n\n" + user_text}]
     return [{"role": "system", "content": system_text}, {"role": "user", "content": user_text}]

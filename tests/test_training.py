@@ -297,29 +297,60 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
 
     factory = KernelToolEnvFactory("builtin", max_submissions=2, evaluator=reward_fn.evaluator)
     env = factory()
-    nothing = env.get_reward() if env.reset(problem_key=RELU) is None else None
+    nothing = env.episode_reward() if env.reset(problem_key=RELU) is None else None
     wrong = env.submit_kernel(WRONG_RELU)
     assert wrong.startswith("incorrect:") and "1 submission(s) left" in wrong
     right = env.submit_kernel(SOLUTION)
     assert right.startswith("correct:") and "0 submission(s) left" in right
     env_results = [env.results[1], env.results[0]]  # correct first, then wrong: "last" takes the wrong one
     assert "limit reached" in env.submit_kernel(SOLUTION) and len(env.results) == 2
-    # the two evaluated submissions wait for the metrics callback; a refused one is not among them
-    assert [r.status for r in factory.take_results()] == ["incorrect", "correct"] and factory.take_results() == []
     default = reward_fn._reward
-    assert env.get_reward() == max(default(r)[0] for r in env.results) > nothing
+    assert env.episode_reward() == max(default(r)[0] for r in env.results) > nothing
     assert nothing == default(EvalResult(status="format_error"))[0]
     env.reset(problem_key=RELU)
-    assert env.results == [] and env.get_reward() == nothing  # a new rollout starts clean
+    assert env.results == [] and env.episode_reward() == nothing  # a new rollout starts clean
     assert "level9/404" in env.reset(problem_key="level9/404") and "No problem" in env.submit_kernel("x")
     last = KernelToolEnvFactory("builtin", score="last", evaluator=reward_fn.evaluator)()
     last.reset(problem_key=RELU)
     last.results = list(env_results)
-    assert last.get_reward() == default(env_results[-1])[0] < max(default(r)[0] for r in env_results)
+    assert last.episode_reward() == default(env_results[-1])[0] < max(default(r)[0] for r in env_results)
     with pytest.raises(ValueError, match="score"):
         KernelToolEnvFactory("builtin", score="mean", evaluator=reward_fn.evaluator)
     factory.close()  # the shared evaluator is not the factory's to close
     assert reward_fn.evaluator.evaluate(factory.problems[RELU], SOLUTION).status == "correct"
+
+
+def test_the_tool_reward_scores_each_rollout_and_evaluates_a_final_answer_that_made_no_tool_call(reward_fn):
+    """Best submission where the model used the tool; a final fenced answer evaluated once where it did not;
+    the no-code reward for prose; metrics through TRL's log_metric."""
+    from kb_gym.training import KernelToolEnvFactory
+
+    factory = KernelToolEnvFactory("builtin", max_submissions=2, evaluator=reward_fn.evaluator)
+    envs = [factory() for _ in range(3)]
+    for env in envs:
+        env.reset(problem_key=RELU)
+    envs[0].submit_kernel(WRONG_RELU)
+    completions = [answer(SOLUTION), answer(SOLUTION), [{"role": "assistant", "content": "no idea, sorry"}]]
+    logged: dict[str, float] = {}
+    rewards = factory.reward_function()(completions=completions, environments=envs, log_metric=logged.__setitem__)
+    default = reward_fn._reward
+    assert [r.status for r in envs[1].results] == ["correct"]  # the block was evaluated, once
+    assert rewards[0] == default(envs[0].results[0])[0]  # it used the tool: its submission counts, not its answer
+    assert len(envs[0].results) == 1
+    assert rewards[1] == default(envs[1].results[0])[0] > rewards[0] > rewards[2]
+    assert rewards[2] == default(EvalResult(status="format_error"))[0]
+    assert logged["kernel_tool/tool_use"] == pytest.approx(1 / 3) and logged["kernel_tool/submissions"] == pytest.approx(1 / 3)
+    assert logged["kernel_tool/correct"] == 0.5 and "kernel_tool/status/incorrect" in logged
+    with pytest.raises(ValueError, match="environment_factory"):
+        factory.reward_function()(completions=completions, environments=envs[:1])
+
+
+def test_tool_use_prompts_say_to_call_the_tool():
+    rows = build_prompt_dataset("builtin", level=1, one_shot=False, tool_calls=3)
+    last = rows[0]["prompt"][-1]["content"]
+    assert "calling the `submit_kernel` tool" in last and "up to 3 time(s)" in last and "single" not in last
+    with pytest.raises(ValueError, match="conversational"):
+        build_prompt_dataset("builtin", level=1, conversational=False, tool_calls=3)
 
 
 def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
@@ -343,13 +374,13 @@ def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
         factory = Recording("builtin", evaluator=ev)
         trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
                                                            report_to=[], **GRPO_STEP),
-                              train_dataset=build_prompt_dataset("builtin", level=1, one_shot=False),
+                              train_dataset=build_prompt_dataset("builtin", level=1, one_shot=False, tool_calls=4),
                               processing_class=tokenizer, environment_factory=factory,
-                              callbacks=[factory.metrics_callback()])
+                              reward_funcs=[factory.reward_function()])
         trainer.train()
     logged = trainer.state.log_history[0]
-    # the tool path logs our metrics too: here no rollout submitted anything
-    assert logged["kernel_tool/submissions"] == 0.0 and "kernel_tool/status/correct" in logged
+    # the tool path logs our metrics too: a random model calls no tool and writes no code block
+    assert logged["kernel_tool/tool_use"] == 0.0 and logged["kernel_tool/submissions"] == 0.0
     # Each rollout's environment was reset onto its row's problem through the problem_key column.
     assert made and all(env.problem is not None and env.problem.level == 1 for env in made)
     # No tool call from a random model: every rollout earns the no-submission reward.

@@ -9,7 +9,7 @@ from kb_gym.training.reward_function import (
     batch_metrics,
     completion_text,
 )
-from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory
+from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory, KernelToolReward
 
-__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "ModelLoadError",
-           "batch_metrics", "build_prompt_dataset", "completion_text", "prompt_rows"]
+__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "KernelToolReward",
+           "ModelLoadError", "batch_metrics", "build_prompt_dataset", "completion_text", "prompt_rows"]

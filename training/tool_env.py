@@ -2,19 +2,21 @@
 
 During generation the model may call ``submit_kernel(code)`` several times; each call evaluates the
 program against the row's problem and returns the verdict and feedback as the tool's answer, so the
-model can fix a compile error or speed up a correct kernel within one rollout. After the rollout,
-TRL calls ``get_reward()``: the best reward among the submissions, or the no-code (format error)
-reward when the model submitted nothing.
+model can fix a compile error or speed up a correct kernel within one rollout. After the rollouts,
+the factory's reward function scores each one: the best (or last) submission's reward; a rollout that
+made no tool call but ended with a fenced code block has that answer evaluated once; else the no-code
+(format error) reward. It logs the same metrics as the single-turn reward function.
 
-    factory = KernelToolEnvFactory(dataset="builtin")
-    trainer = GRPOTrainer(model=..., args=..., train_dataset=build_prompt_dataset("builtin"),
+    factory = KernelToolEnvFactory(dataset="builtin", max_submissions=4)
+    trainer = GRPOTrainer(model=..., args=..., reward_funcs=[factory.reward_function()],
+                          train_dataset=build_prompt_dataset("builtin", tool_calls=4),
                           environment_factory=factory)
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.config import EvalConfig
@@ -28,9 +30,8 @@ class KernelToolEnv:
     """One rollout's environment: the problem from ``reset(problem_key=...)`` and its submissions."""
 
     def __init__(self, evaluator: Evaluator, problems: dict[str, Problem], reward: Any, max_submissions: int,
-                 score: str = "best", record: Any = None) -> None:
+                 score: str = "best") -> None:
         self._evaluator = evaluator
-        self._record = record  # the factory's: every evaluated submission, for the trainer's logs
         self._problems = problems
         self._reward = reward
         self._max_submissions = max_submissions
@@ -61,14 +62,13 @@ class KernelToolEnv:
             return f"Submission limit reached ({self._max_submissions}); the best submission so far counts."
         result = self._evaluator.evaluate(self.problem, code)
         self.results.append(result)
-        if self._record is not None:
-            self._record(result)
         left = self._max_submissions - len(self.results)
         return f"{result.status}: {result.feedback}\n({left} submission(s) left)"
 
-    def get_reward(self) -> float:
+    def episode_reward(self) -> float:
         """The best (or, with ``score="last"``, the final) submission's reward; the format-error reward
-        when there was none."""
+        when there was none. (Not ``get_reward``: TRL would take that as the environment owning the reward,
+        and the final-answer fallback of the factory's reward function could not run.)"""
         if not self.results:
             return float(self._reward(EvalResult(status=Status.FORMAT_ERROR.value, error="no submission"))[0])
         if self._score == "last":
@@ -106,48 +106,58 @@ class KernelToolEnvFactory:
         self.max_submissions = max_submissions
         self._own_evaluator = evaluator is None
         self.evaluator = evaluator or Evaluator(devices, config=eval_config, workers_per_device=workers_per_device)
-        self._lock = threading.Lock()
-        self._pending: list[EvalResult] = []
 
     def __call__(self) -> KernelToolEnv:
-        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score,
-                             record=self._record)
+        return KernelToolEnv(self.evaluator, self.problems, self.reward, self.max_submissions, self.score)
 
-    def _record(self, result: EvalResult) -> None:
-        with self._lock:
-            self._pending.append(result)
-
-    def take_results(self) -> list[EvalResult]:
-        """The submissions evaluated since the last call (what the metrics callback logs per step)."""
-        with self._lock:
-            taken, self._pending = self._pending, []
-        return taken
-
-    def metrics_callback(self, name: str = "kernel_tool") -> Any:
-        """A ``TrainerCallback`` that adds to each log entry the reward function's metrics over the tool
-        submissions evaluated since the last one (``kernel_tool/correct``, ``status/*``, ``flag/*``, ``reward/*``,
-        ``submissions``): ``GRPOTrainer(..., environment_factory=factory, callbacks=[factory.metrics_callback()])``.
-        They land in ``trainer.state.log_history``; a reporter (wandb, tensorboard) sees them when this
-        callback runs before it (``trainer.callback_handler.callbacks.insert(0, callback)``)."""
-        from transformers import TrainerCallback
-
-        from kb_gym.training.reward_function import batch_metrics
-
-        factory = self
-
-        class KernelToolMetrics(TrainerCallback):
-            def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-                results = factory.take_results()
-                metrics = batch_metrics(results, parts=[factory.reward(r)[1] for r in results])
-                metrics["submissions"] = float(len(results))
-                logged = {f"{name}/{key}": value for key, value in metrics.items()}
-                if logs is not None:
-                    logs.update(logged)
-                if state.log_history:  # the entry Trainer.log has just appended for these logs
-                    state.log_history[-1].update(logged)
-
-        return KernelToolMetrics()
+    def reward_function(self, name: str = "kernel_tool") -> KernelToolReward:
+        """The reward function to pass beside this factory: ``reward_funcs=[factory.reward_function()]``."""
+        return KernelToolReward(self, name)
 
     def close(self) -> None:
         if self._own_evaluator:
             self.evaluator.close()
+
+
+class KernelToolReward:
+    """TRL's reward function for the tool environment: one score per rollout from its environment.
+
+    A rollout that never called ``submit_kernel`` but ended with a fenced code block gets that answer
+    evaluated once (models often answer in a block anyway); all such final answers of a batch are
+    evaluated concurrently. Logs, under ``name``, the single-turn reward function's metrics over every
+    evaluation of the batch (submissions and final answers), plus ``submissions`` (tool calls evaluated per
+    rollout) and ``tool_use`` (the share of rollouts that called the tool).
+    """
+
+    def __init__(self, factory: KernelToolEnvFactory, name: str = "kernel_tool") -> None:
+        self.factory = factory
+        self.__name__ = name
+
+    def __call__(self, prompts: Any = None, completions: Sequence[Any] = (), *, environments: Sequence[Any] = (),
+                 log_metric: Any = None, **_: Any) -> list[float]:
+        from kb_gym.extract import extract_code
+        from kb_gym.training.reward_function import batch_metrics, completion_text
+
+        if len(environments) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(environments)} environments: pass this "
+                             "reward function with environment_factory=<its factory>")
+        called = [bool(env.results) for env in environments]
+        final: list[tuple[KernelToolEnv, Future]] = []
+        for env, completion, used_tool in zip(environments, completions, called, strict=True):
+            text = completion_text(completion)
+            if not used_tool and env.problem is not None and extract_code(text).code is not None:
+                final.append((env, self.factory.evaluator.submit(env.problem, text)))
+        for env, future in final:
+            env.results.append(future.result())
+        rewards = [env.episode_reward() for env in environments]
+        if log_metric is not None:
+            results = [r for env in environments for r in env.results]
+            # (no eval_seconds: the submissions were evaluated during generation, inside the tool calls)
+            metrics = batch_metrics(results, parts=[self.factory.reward(r)[1] for r in results])
+            n = max(1, len(environments))
+            metrics["submissions"] = sum(len(env.results) for env, used in zip(environments, called, strict=True)
+                                         if used) / n
+            metrics["tool_use"] = sum(called) / n
+            for key, value in metrics.items():
+                log_metric(f"{self.__name__}/{key}", value)
+        return rewards
