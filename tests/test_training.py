@@ -489,3 +489,67 @@ def test_lora_and_vllm_settings_are_checked_before_any_model_loads(capsys):
         assert "needs vLLM" in capsys.readouterr().err
         with pytest.raises(SystemExit, match="vLLM is not installed"):
             main(["evaluate-model", "--model", "no-such-model", "--level", "3", "--device", "cpu", "--vllm"])
+
+
+def test_a_multi_turn_rollout_masks_exactly_the_feedback_and_scores_the_episode(tiny_lm, reward_fn):
+    """rollout_func with a scripted generator: turn 1 answers wrong, turn 2 right. The completion is both
+    answers with the evaluator's feedback between them; env_mask is 0 on exactly the feedback's tokens."""
+    from types import SimpleNamespace
+
+    from kb_gym.training import KernelMultiTurnRollout
+    from kb_gym.training.rollout import _ids, _suffix
+
+    _, tokenizer = tiny_lm
+    relu = next(p for p in load_problems("builtin", size="cpu") if p.key == RELU)
+    answers = iter([f"```python\n{WRONG_RELU}```", f"```python\n{SOLUTION}```"])
+
+    def generate(contexts, images, fields, n):
+        return [_ids(tokenizer, next(answers)) for _ in contexts], None
+
+    trainer = SimpleNamespace(_generate_single_turn=generate, processing_class=tokenizer, max_completion_length=100_000)
+    rollout = KernelMultiTurnRollout([relu], max_turns=2, episode="best", evaluator=reward_fn.evaluator)
+    prompt = build_prompt_dataset([relu], one_shot=False)[0]["prompt"]
+    out = rollout([prompt], trainer)
+    statuses = out["kernel_turn_statuses"][0]
+    assert statuses == ["incorrect", "correct"]
+    first, second = (_ids(tokenizer, f"```python\n{code}```") for code in (WRONG_RELU, SOLUTION))
+    ids, mask = out["completion_ids"][0], out["env_mask"][0]
+    n_feedback = len(ids) - len(first) - len(second)
+    assert n_feedback > 0 and mask == [1] * len(first) + [0] * n_feedback + [1] * len(second)
+    assert ids[:len(first)] == first and ids[len(first) + n_feedback:] == second
+    between = tokenizer.decode(ids[len(first):len(first) + n_feedback])
+    # the template's user turn with the verdict, then the next assistant header: nothing of the model's
+    conv = [*prompt, {"role": "assistant", "content": tokenizer.decode(first)}]
+    assert between.startswith("user: Evaluation of your answer: incorrect.") and between.endswith("assistant: ")
+    assert between == _suffix(tokenizer, conv, {"role": "user", "content": between[len("user: "):-len("\nassistant: ")]})
+    turn = out["kernel_turn_rewards"][0]
+    assert out["kernel_episode_reward"][0] == max(turn) == turn[1] > turn[0]
+    logged: dict[str, float] = {}
+    scores = rollout.reward_function()(completions=["x"], log_metric=logged.__setitem__, **{
+        k: v for k, v in out.items() if k.startswith("kernel_")})
+    assert scores == out["kernel_episode_reward"] and logged["kernel_multi_turn/turns"] == 2
+    assert logged["kernel_multi_turn/turn1/correct"] == 0.0 and logged["kernel_multi_turn/turn2/correct"] == 1.0
+    for episode, expected in (("last", turn[1]), ("discounted", turn[0] + 0.4 * turn[1])):
+        assert KernelMultiTurnRollout([relu], episode=episode, evaluator=reward_fn.evaluator).episode_reward(turn) \
+            == pytest.approx(expected)
+
+
+def test_grpo_runs_two_steps_through_the_multi_turn_rollout(tiny_lm, tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from kb_gym.training import KernelMultiTurnRollout
+
+    model, tokenizer = tiny_lm
+    with Evaluator("cpu", config=SMALL, results_path=False) as ev:
+        rollout = KernelMultiTurnRollout("builtin", max_turns=2, evaluator=ev, size="cpu")
+        trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
+                                                           report_to=[], **{**GRPO_STEP, "max_steps": 2,
+                                                                            "max_completion_length": 1200}),
+                              train_dataset=build_prompt_dataset("builtin", level=1, one_shot=False, size="cpu"),
+                              processing_class=tokenizer, rollout_func=rollout,
+                              reward_funcs=[rollout.reward_function()])
+        trainer.train()
+    assert trainer.state.global_step == 2
+    logged = trainer.state.log_history[0]
+    assert logged["kernel_multi_turn/turns"] == 2.0 and "kernel_multi_turn/turn2/reward" in logged
+    assert "rewards/kernel_multi_turn/mean" in logged

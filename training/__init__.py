@@ -9,7 +9,9 @@ from kb_gym.training.reward_function import (
     batch_metrics,
     completion_text,
 )
+from kb_gym.training.rollout import KernelMultiTurnRollout
 from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory, KernelToolReward
 
-__all__ = ["KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv", "KernelToolEnvFactory", "KernelToolReward",
-           "ModelLoadError", "batch_metrics", "build_prompt_dataset", "completion_text", "prompt_rows"]
+__all__ = ["KernelMultiTurnRollout", "KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv",
+           "KernelToolEnvFactory", "KernelToolReward", "ModelLoadError", "batch_metrics", "build_prompt_dataset",
+           "completion_text", "prompt_rows"]
