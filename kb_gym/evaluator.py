@@ -68,7 +68,34 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-class Evaluator:
+class EvaluationAPI:
+    """``evaluate`` and ``evaluate_many`` on top of a ``submit`` that returns a Future of an EvalResult: shared by
+    the local :class:`Evaluator` and the Ray service's client (kb_gym.service.RayEvaluator)."""
+
+    def submit(self, problem: Problem, text: str, *, seed: int | None = None,
+               config: EvalConfig | None = None) -> Future:
+        raise NotImplementedError
+
+    def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
+                 config: EvalConfig | None = None) -> EvalResult:
+        """Evaluate one candidate (raw source or an LLM completion). Never raises for bad input."""
+        return self.submit(problem, text, seed=seed, config=config).result()
+
+    def evaluate_many(self, pairs: Iterable[tuple[Problem, str]], *, progress: bool = False,
+                      config: EvalConfig | None = None) -> list[EvalResult]:
+        """Evaluate many candidates concurrently across the devices; results in input order."""
+        futures = [self.submit(p, s, config=config) for p, s in pairs]
+        if progress:
+            from concurrent.futures import as_completed
+
+            from tqdm.auto import tqdm
+
+            for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluating", disable=None):
+                pass
+        return [f.result() for f in futures]
+
+
+class Evaluator(EvaluationAPI):
     """Compile, check and time candidates against their reference, in sandboxed warm workers.
 
     Args:
@@ -178,24 +205,6 @@ class Evaluator:
                  "pid": h.proc.pid if h.proc else None} for h in self._workers]
 
     # --- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
-                 config: EvalConfig | None = None) -> EvalResult:
-        """Evaluate one candidate (raw source or an LLM completion). Never raises for bad input."""
-        return self.submit(problem, text, seed=seed, config=config).result()
-
-    def evaluate_many(self, pairs: Iterable[tuple[Problem, str]], *, progress: bool = False,
-                      config: EvalConfig | None = None) -> list[EvalResult]:
-        """Evaluate many candidates concurrently across the devices; results in input order."""
-        futures = [self.submit(p, s, config=config) for p, s in pairs]
-        if progress:
-            from concurrent.futures import as_completed
-
-            from tqdm.auto import tqdm
-
-            for _ in tqdm(as_completed(futures), total=len(futures), desc="evaluating", disable=None):
-                pass
-        return [f.result() for f in futures]
-
     def evaluate_reference(self, problem: Problem, *, config: EvalConfig | None = None) -> EvalResult:
         """Time the baseline alone (no candidate) and store it in the baseline cache."""
         return self._dispatch(problem, None, secrets.randbits(31), config or self.config, []).result()

@@ -118,12 +118,7 @@ def plot_fast_p(
     3 in steps of 0.01; given a summary only its own p values can be drawn (as points on lines).
     Uses matplotlib's Agg canvas directly, so no GUI and no global backend switch.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = _new_plot()
 
     if isinstance(results_or_summary, str | Path):
         results_or_summary = load_results(results_or_summary)
@@ -142,6 +137,21 @@ def plot_fast_p(
             ys = [row[fast_key(p)] for p in ps]
             ax.plot(ps, ys, drawstyle="steps-post", label=f"{name} (n={row['n_tasks']})", **_style(name))
 
+    return _finish_plot(fig, ax, title, path_png)
+
+
+def _new_plot() -> tuple[Any, Any]:
+    """A figure on matplotlib's Agg canvas directly: no GUI, no global backend switch."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _finish_plot(fig: Any, ax: Any, title: str, path_png: str | Path) -> Path:
+    """The axes every fast_p plot shares (p = 1 marked), then the PNG."""
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlim(left=0.0)
     ax.set_ylim(-0.02, 1.02)
@@ -163,30 +173,13 @@ def _style(name: str) -> dict[str, Any]:
 
 def plot_runs(runs: Mapping[str, Iterable[Any]], path_png: str | Path, *, title: str = "fast_p") -> Path:
     """fast_p against p over all tasks, one curve per run (base against trained), in one PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = _new_plot()
     ps = [PLOT_PS_MAX * i / (PLOT_STEPS - 1) for i in range(PLOT_STEPS)]
     for name, results in runs.items():
         row = summarize(list(results), ps=ps)[ALL]
         ax.plot(ps, [row[fast_key(p)] for p in ps], drawstyle="steps-post", linewidth=1.8,
                 label=f"{name} (n={row['n_tasks']}, fast_1 {row[fast_key(1.0)]:.2f})")
-    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlim(left=0.0)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("p (speedup threshold)")
-    ax.set_ylabel("fast_p (fraction of tasks)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper right")
-    path = Path(path_png)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", bbox_inches="tight")
-    return path
+    return _finish_plot(fig, ax, title, path_png)
 
 
 def report(

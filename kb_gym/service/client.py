@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.config import EvalConfig, config_preset
+from kb_gym.evaluator import EvaluationAPI
 from kb_gym.problems import Problem
 from kb_gym.result import EvalResult
 from kb_gym.service import require_ray
 from kb_gym.service.actors import NAMESPACE, SERVICE_NAME, start_service
 
 
-class RayEvaluator:
+class RayEvaluator(EvaluationAPI):
     """``evaluate``, ``submit``, ``evaluate_many`` and ``close`` as on :class:`kb_gym.Evaluator`, answered by
     the named service on a Ray cluster.
 
@@ -69,15 +69,6 @@ class RayEvaluator:
 
         ref.future().add_done_callback(done)
         return out
-
-    def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
-                 config: EvalConfig | None = None) -> EvalResult:
-        return self.submit(problem, text, seed=seed, config=config).result()
-
-    def evaluate_many(self, pairs: Iterable[tuple[Problem, str]], *, progress: bool = False,
-                      config: EvalConfig | None = None) -> list[EvalResult]:
-        futures = [self.submit(p, s, config=config) for p, s in pairs]
-        return [f.result() for f in futures]
 
     def warm(self) -> RayEvaluator:
         """The service's workers warm themselves when they start: nothing to do (the Evaluator's API)."""
