@@ -56,3 +56,21 @@ def test_only_value_failures_are_near_misses():
     assert near_miss(compare_outputs(exact, reference, *TOL))
     assert not near_miss(compare_outputs(exact[:10], reference, *TOL))  # a shape error
     assert not near_miss(compare_outputs(exact + 1.0, reference, *TOL))  # most values wrong
+
+
+def test_errors_are_measured_on_the_finite_differences_only_and_equal_infinities_pass():
+    """The comparison skips the masking copy when every difference is finite; where some are not (equal
+    infinities, whose difference is NaN) it measures the rest, and a slice of only equal infinities passes."""
+    x = torch.randn(1000)
+    y = x + 1e-6
+    plain = compare_outputs(y, x, 1e-4, 1e-4)
+    assert plain.ok and 0 < plain.max_abs_err < 2e-6 and 0 < plain.rel_l2 < 1e-5
+    x_inf, y_inf = x.clone(), y.clone()
+    x_inf[::10] = y_inf[::10] = float("inf")
+    mixed = compare_outputs(y_inf, x_inf, 1e-4, 1e-4)
+    assert mixed.ok and 0 < mixed.max_abs_err < 2e-6  # the infinities neither fail nor enter the error
+    inf = torch.full((64,), float("-inf"))
+    assert compare_outputs(inf, inf.clone(), 1e-4, 1e-4).ok
+    nan = y.clone()
+    nan[7] = float("nan")
+    assert not compare_outputs(nan, x, 1e-4, 1e-4).ok

@@ -170,16 +170,20 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
         nans += int(_isnan(cd).sum().item())
         diff = (cd - rd).abs()
         finite = _isfinite(diff)
-        if bool(finite.any().item()):
-            max_abs = max(max_abs, float(diff[finite].max().item()))
-            max_rel = max(max_rel, float((diff / rd.abs().clamp_min(atol))[finite].max().item()))
+        # Usually every difference is finite: then the slices are used as they are, without the copies that
+        # masking makes (a third of the comparison's time on the CPU).
+        every = bool(finite.all().item())
+        fd, fr = (diff, rd) if every else (diff[finite], rd[finite])
+        if fd.numel():
+            max_abs = max(max_abs, float(fd.max().item()))
+            max_rel = max(max_rel, float((fd / fr.abs().clamp_min(atol)).max().item()))
         if n_bad and first < 0:
             first = lo + int((~close).nonzero()[0, 0].item())
         bad += n_bad
         if not bad:  # needed only while every element passes; then only equal infinities are not finite
-            sq_diff += float(_norm(diff[finite], dtype=torch.float64).item()) ** 2
-            sq_ref += float(_norm(rd[finite], dtype=torch.float64).item()) ** 2
-        del cd, rd, close, diff, finite
+            sq_diff += float(_norm(fd, dtype=torch.float64).item()) ** 2
+            sq_ref += float(_norm(fr, dtype=torch.float64).item()) ** 2
+        del cd, rd, close, diff, finite, fd, fr
     frac = bad / cf.numel()
     def passing(outputs: list[torch.Tensor], scale: float = 1.0) -> list[torch.Tensor]:
         return [t for t in outputs if t.shape == r.shape and _all_close(t, r, atol * scale, rtol * scale, work)]
