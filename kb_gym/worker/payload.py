@@ -14,7 +14,8 @@ What the runner (candidate code) can do with the memfd, and why it gains nothing
   before the runner exists, and checks its size before mapping;
 - grow it without bound: only the pages it writes use memory, charged to the runner; the judge maps only
   the bytes the outputs' description announced (within the byte limit the reference's outputs set);
-- add seals or close it: its own writes then fail, and that failure is its own verdict.
+- add seals or close it: its own copy into it then fails, and the runner sends the same bytes through the
+  pipe instead (checked the same way; a memfd that fails for any other reason costs only speed).
 """
 
 from __future__ import annotations

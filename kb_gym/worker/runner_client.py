@@ -267,9 +267,9 @@ class RunnerProcess:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             if msg.get("payload_bytes") != nbytes:
                 raise WireError("the announced payload does not match the outputs described")
-            if msg.get("payload_via") == "shm":
-                data, into = self._shared_payload(nbytes, timeout), None
-            else:
+            data = self._shared_payload(nbytes, timeout) if msg.get("payload_via") == "shm" else None
+            into = None
+            if data is None:  # through the pipe: from the start, or after the shared copy failed in the runner
                 data, into = self._receive_buffer(nbytes)
                 self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
             tensors = decode(msg["outputs"], data, self.torch_device)
@@ -325,15 +325,16 @@ class RunnerProcess:
             chunks.append((k, j * chunk_bytes // dtype.itemsize, piece.view(dtype)))
         return SampledOutputs(meta=meta, chunks=chunks)
 
-    def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor:
-        """The bytes the runner copied into the shared memfd after "done", once it says they are there."""
+    def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor | None:
+        """The bytes the runner copied into the shared memfd after "done", once it says they are there; None
+        when it says they follow through the pipe instead (its copy into the memfd failed)."""
         if self.payload is None:
             raise WireError("the runner sent its outputs through shared memory it was never given")
         msg = self._read(max(timeout, 60.0))
-        if msg.get("type") == "error":
-            raise StageError("runtime_error", str(msg.get("error", ""))[:2000])
         if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
             raise WireError(f"expected the outputs' {nbytes:,} bytes in shared memory, got {str(msg)[:200]}")
+        if msg.get("via") == "pipe":
+            return None
         try:
             view = self.payload.view(nbytes)
         except ValueError as exc:

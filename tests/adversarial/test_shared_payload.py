@@ -107,7 +107,7 @@ HOSTILE = {
                 except Exception:
                     pass
         threading.Thread(target=spoil, daemon=True).start()''',
-    # seal it against writes and growth: its own copy fails
+    # seal it against writes and growth: its own copy fails, and the bytes come through the pipe
     "seal_the_memfd": '''
         import fcntl, os
         for fd in range(3, 64):
@@ -131,7 +131,10 @@ HOSTILE = {
 def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
     r = ev.evaluate(SIX_MB, _candidate(HOSTILE[name]), config=CONFIG)
     assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
-    assert r.worker["shm_payloads"] >= 1 or r.status != "correct"  # the attack met the shared-memory path
+    if name == "seal_the_memfd":  # nothing crosses the memfd, and the verdict is the honest one
+        assert r.status == "correct" and r.worker["shm_payloads"] == 0, (r.status, r.error)
+    else:
+        assert r.worker["shm_payloads"] >= 1 or r.status != "correct"  # the attack met the shared-memory path
     if r.status == "correct":  # nothing it did reached the judged bytes
         assert not {"tampering"} & set(r.flags)
     honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
