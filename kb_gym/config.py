@@ -115,3 +115,11 @@ def config_preset(name: str, **overrides: Any) -> EvalConfig:
     if name not in CONFIG_PRESETS:
         raise ValueError(f"unknown config preset {name!r}; known: {sorted(CONFIG_PRESETS)}")
     return EvalConfig(**{**CONFIG_PRESETS[name], **overrides})
+
+
+def resolve_config(config: EvalConfig | str | None, **overrides: Any) -> EvalConfig:
+    """An EvalConfig, a preset's name (``"rl"``) or None (the defaults), with keyword overrides on top."""
+    if isinstance(config, str):
+        config = config_preset(config)
+    config = config or EvalConfig()
+    return config.replace(**overrides) if overrides else config

@@ -15,12 +15,13 @@ import queue
 import secrets
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.baseline_cache import BaselineCache, baseline_key
-from kb_gym.config import EvalConfig, config_preset
+from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
@@ -68,13 +69,14 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-class EvaluationAPI:
+class EvaluationAPI(ABC):
     """``evaluate`` and ``evaluate_many`` on top of a ``submit`` that returns a Future of an EvalResult: shared by
     the local :class:`Evaluator` and the Ray service's client (kb_gym.service.RayEvaluator)."""
 
+    @abstractmethod
     def submit(self, problem: Problem, text: str, *, seed: int | None = None,
                config: EvalConfig | None = None) -> Future:
-        raise NotImplementedError
+        """Start evaluating one candidate; the Future's result is its EvalResult."""
 
     def evaluate(self, problem: Problem, text: str, *, seed: int | None = None,
                  config: EvalConfig | None = None) -> EvalResult:
@@ -118,9 +120,7 @@ class Evaluator(EvaluationAPI):
                  results_path: str | os.PathLike | None | bool = None,
                  baseline_cache: BaselineCache | None | bool = None, workers_per_device: int = 1,
                  gpu_sharing: str = "wait", **overrides: Any) -> None:
-        if isinstance(config, str):  # a named preset: "default", "rl" (config.CONFIG_PRESETS)
-            config = config_preset(config)
-        self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
+        self.config = resolve_config(config, **overrides)  # a preset's name: "default", "rl" (CONFIG_PRESETS)
         self.devices = resolve_devices(devices)
         if results_path is False:
             self.store = None

@@ -15,6 +15,7 @@ from typing import Any
 
 from kb_gym.config import CONFIG_PRESETS, config_preset
 from kb_gym.problems import load_problems
+from kb_gym.service import evaluator_address
 from kb_gym.training.config_check import check_eval_config, check_grpo_config, check_keys
 from kb_gym.training.dataset import build_prompt_dataset
 from kb_gym.training.errors import ConfigError, ModelLoadError
@@ -193,6 +194,8 @@ def check_config(cfg: GRPOKernelConfig) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("grpo use_vllm=true needs vLLM in this environment (pip install vllm); "
                               "or drop it to generate with transformers")
-    if not (cfg.evaluator in ("local", "ray", "ray:auto") or cfg.evaluator.startswith("ray://")):
-        raise ConfigError(f"evaluator (--evaluator) {cfg.evaluator!r}: use 'local', 'ray' or 'ray://HOST:PORT'")
+    try:
+        evaluator_address(cfg.evaluator)
+    except ValueError as exc:
+        raise ConfigError(f"evaluator (--evaluator): {exc}") from None
     check_grpo_config({**_cpu_defaults(), **cfg.grpo}, "grpo (--grpo)")

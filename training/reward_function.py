@@ -86,10 +86,10 @@ class KernelRewardFunction:
         self.__name__ = self.config.name  # TRL names the reward column and its metrics by this
         self._reward = get_reward(self.config.reward, **self.config.reward_kwargs)
         self._own_evaluator = evaluator is None
-        if evaluator is None and self.config.evaluator != "local":
+        if evaluator is None:
             from kb_gym.service import connect
 
-            evaluator = connect(self.config.evaluator, config=self.config.eval_config)
+            evaluator = connect(self.config.evaluator, config=self.config.eval_config)  # None: a local one below
         devices = evaluator.devices if evaluator is not None else self.config.devices
         problems = load_problems(self.config.dataset, size=self.config.size, device=devices)
         self.problems: dict[str, Problem] = {p.key: p for p in problems}

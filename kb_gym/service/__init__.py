@@ -25,6 +25,19 @@ def require_ray() -> Any:
     return ray
 
 
+def evaluator_address(spec: str | None) -> str | None:
+    """Where evaluations run, from ``--evaluator``: None for ``"local"`` (or nothing), ``"auto"`` for ``"ray"`` /
+    ``"ray:auto"`` (the current cluster), the address itself for ``"ray://HOST:PORT"``; ValueError otherwise.
+    Needs no Ray: configs are checked with it before anything starts."""
+    if not spec or spec == "local":
+        return None
+    if spec in ("ray", "ray:auto"):
+        return "auto"
+    if spec.startswith("ray://"):
+        return spec
+    raise ValueError(f"unknown evaluator {spec!r}: use 'local', 'ray' or 'ray://HOST:PORT'")
+
+
 def __getattr__(name: str) -> Any:  # RayEvaluator, start_service, ... without importing Ray at `import kb_gym`
     if name in ("RayEvaluator", "connect"):
         from kb_gym.service import client

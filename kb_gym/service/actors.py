@@ -4,7 +4,6 @@ requests over them. Plain data crosses: Problem.to_dict, EvalConfig.to_dict, Eva
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from kb_gym.service import require_ray
@@ -131,10 +130,11 @@ class EvaluationService:
 
 
 def _crash(problem: dict[str, Any], error: str) -> dict[str, Any]:
+    from kb_gym.evaluator import _problem_fields
+    from kb_gym.problems import Problem
     from kb_gym.result import EvalResult
 
-    return EvalResult(status="crash", error=error, problem_name=problem["name"], problem_id=problem["problem_id"],
-                      level=problem["level"], timestamp=time.time()).to_dict()
+    return EvalResult(status="crash", error=error, **_problem_fields(Problem.from_dict(problem))).to_dict()
 
 
 def start_service(workers: int | None = None, config: dict[str, Any] | None = None, *,

@@ -6,11 +6,11 @@ import os
 from concurrent.futures import Future
 from typing import Any
 
-from kb_gym.config import EvalConfig, config_preset
+from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.evaluator import EvaluationAPI
 from kb_gym.problems import Problem
 from kb_gym.result import EvalResult
-from kb_gym.service import require_ray
+from kb_gym.service import evaluator_address, require_ray
 from kb_gym.service.actors import NAMESPACE, SERVICE_NAME, start_service
 
 
@@ -32,9 +32,7 @@ class RayEvaluator(EvaluationAPI):
                  detached: bool = False, results_path: str | None = None, gpus_per_worker: float | None = None,
                  **overrides: Any) -> None:
         self.ray = require_ray()
-        if isinstance(config, str):
-            config = config_preset(config)
-        self.config = (config or EvalConfig()).replace(**overrides) if overrides else (config or EvalConfig())
+        self.config = resolve_config(config, **overrides)
         if not self.ray.is_initialized():
             local = address in (None, "local")
             self.ray.init(address=None if local else address, namespace=NAMESPACE, ignore_reinit_error=True,
@@ -92,12 +90,9 @@ class RayEvaluator(EvaluationAPI):
 
 
 def connect(spec: str | None, **kwargs: Any) -> Any:
-    """An evaluator from a spec: ``None``/``"local"`` -> None (build a local Evaluator as before),
-    ``"ray"`` or ``"ray:auto"`` -> the service on the current cluster, ``"ray://HOST:PORT"`` -> on that one."""
-    if not spec or spec == "local":
+    """An evaluator from a spec (:func:`kb_gym.service.evaluator_address`): None for a local one (build an
+    Evaluator as before), else the service on that cluster."""
+    address = evaluator_address(spec)
+    if address is None:
         return None
-    if spec in ("ray", "ray:auto"):
-        return RayEvaluator(address=os.environ.get("RAY_ADDRESS", "auto"), **kwargs)
-    if spec.startswith("ray://"):
-        return RayEvaluator(address=spec, **kwargs)
-    raise ValueError(f"unknown evaluator {spec!r}: use 'local', 'ray', or 'ray://HOST:PORT'")
+    return RayEvaluator(address=os.environ.get("RAY_ADDRESS", "auto") if address == "auto" else address, **kwargs)
