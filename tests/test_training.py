@@ -87,10 +87,14 @@ def test_rewards_order_a_batch_and_log_metrics(reward_fn):
     assert reward_fn.__name__ == "kernel_reward"
 
 
-def test_reward_function_picks_its_preset_by_name(reward_fn):
-    fast = KernelRewardFunction(KernelRewardConfig(reward="fast_p", reward_kwargs={"p": 0.0}, name="fast0"),
-                                evaluator=reward_fn.evaluator)
-    rewards = fast(completions=[answer(SOLUTION), answer(WRONG_RELU)], problem_key=[RELU, RELU])
+def test_reward_function_picks_its_preset_by_name():
+    # "kernelbench" integrity: the name lookup is under test, not the CPU envelope, whose ~1 ms of honest excess
+    # for a Triton-interpreter kernel sits close enough to the 2 ms CPU floor that a loaded CI machine can flag it
+    # (side_stream: no speed credit, fast_0 reward 0)
+    with Evaluator("cpu", config=SMALL.replace(integrity="kernelbench"), results_path=False) as ev:
+        fast = KernelRewardFunction(KernelRewardConfig(reward="fast_p", reward_kwargs={"p": 0.0}, name="fast0"),
+                                    evaluator=ev)
+        rewards = fast(completions=[answer(SOLUTION), answer(WRONG_RELU)], problem_key=[RELU, RELU])
     assert rewards == [1.0, 0.0] and fast.__name__ == "fast0"
 
 
