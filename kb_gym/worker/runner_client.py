@@ -265,13 +265,7 @@ class RunnerProcess:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
-            if msg.get("payload_bytes") != nbytes:
-                raise WireError("the announced payload does not match the outputs described")
-            data = self._shared_payload(nbytes, timeout) if msg.get("payload_via") == "shm" else None
-            into = None
-            if data is None:  # through the pipe: from the start, or after the shared copy failed in the runner
-                data, into = self._receive_buffer(nbytes)
-                self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
+            data, into = self._payload(msg, nbytes, timeout, reuse=True)
             tensors = decode(msg["outputs"], data, self.torch_device)
             if commitment(tensors, nonce) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
@@ -313,8 +307,7 @@ class RunnerProcess:
         if (not isinstance(described, list) or [d.get("nbytes") for d in described] != sizes
                 or any(d.get("dtype") != "uint8" for d in described)):
             raise WireError("the runner's chunks are not the sizes asked for")
-        total = expected_nbytes(described, sum(sizes))
-        raw = self.reader.read_bytes(total, max(timeout, 60.0))
+        raw, _ = self._payload(head, expected_nbytes(described, sum(sizes)), timeout, reuse=False)
         pieces = decode(described, raw, self.torch_device)
         chunks = []
         for (k, j), piece in zip(want, pieces, strict=True):
@@ -324,6 +317,22 @@ class RunnerProcess:
             dtype = WIRE_DTYPES[meta[k]["dtype"]]
             chunks.append((k, j * chunk_bytes // dtype.itemsize, piece.view(dtype)))
         return SampledOutputs(meta=meta, chunks=chunks)
+
+    def _payload(self, msg: dict[str, Any], nbytes: int, timeout: float, reuse: bool) -> tuple[Any, Any]:
+        """The ``nbytes`` announced by ``msg`` (outputs or drawn chunks): from the memfd where the runner says
+        it put them there, else from the pipe (a kept buffer with ``reuse``). Returns the data and the buffer
+        to release after decoding."""
+        if msg.get("payload_bytes") != nbytes:
+            raise WireError("the announced payload does not match the outputs described")
+        data = self._shared_payload(nbytes, timeout) if msg.get("payload_via") == "shm" else None
+        if data is not None:
+            return data, None
+        # through the pipe: from the start, or after the shared copy failed in the runner
+        if not reuse:
+            return self.reader.read_bytes(nbytes, max(timeout, 60.0)), None
+        data, into = self._receive_buffer(nbytes)
+        self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
+        return data, into
 
     def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor | None:
         """The bytes the runner copied into the shared memfd after "done", once it says they are there; None

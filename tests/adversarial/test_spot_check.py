@@ -100,6 +100,20 @@ def test_an_honest_large_output_is_spot_checked_and_judged_as_when_it_crosses_wh
     assert whole.correctness["timed_output_check"] == "whole"
 
 
+# 8 MB of output: 64 chunks of 128 KB; the 16 drawn (2 MB) are over the memfd threshold (payload.py).
+LARGER_GELU = Problem(id=3, name="3_LargerGELU", level=1, code=GELU.code.replace("torch.randn(64, 256)",
+                                                                                "torch.randn(2048, 1024)"))
+
+
+def test_drawn_chunks_large_enough_for_shared_memory_cross_through_it(ev):
+    """The chunks of a GPU-sized output (16 x 1 MB) cross through the memfd like whole outputs do; the judge
+    once read them from the pipe and stalled for the rest of the stage (a crash after 200 s per evaluation)."""
+    r = ev.evaluate(LARGER_GELU, HONEST, config=SAMPLED)
+    assert r.status == "correct" and set(r.flags) <= {"no_custom_kernel", "side_stream"}, (r.status, r.error)
+    assert r.correctness["timed_output_check"] == {"chunks_per_call": 16, "chunk_bytes": 131072}
+    assert r.worker["shm_payloads"] >= 1
+
+
 # Right in the correctness trials, zeros in every timed call (the runner's harness told it which is which).
 ZEROS_WHEN_TIMED = cand(FIND_RUNNER + '''
 _orig = _R._call
