@@ -375,7 +375,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
                       runner_forked=bool(runner.get("forked")),
                       build_cached=bool(runner.get("build_cached")),
-                      shm_payloads=int(runner.get("shm_payloads") or 0))
+                      shm_payloads=int(runner.get("shm_payloads") or 0),
+                      pch=runner.get("pch") or {"used": [], "wanted": []})
         if runner.get("zygote_error"):
             fields["zygote_error"] = runner["zygote_error"]
     return fields

@@ -36,7 +36,8 @@ import torch
 MARKER = "complete"
 
 
-def _root() -> Path | None:
+def extensions_root() -> Path | None:
+    """The build cache's folder (``KB_GYM_EXTENSIONS_DIR``), None where no cache is configured."""
     root = os.environ.get("KB_GYM_EXTENSIONS_DIR")
     return Path(root) if root else None
 
@@ -84,7 +85,7 @@ def building(source: str, tools: str, timeout: float) -> Iterator[None]:
     """Held around restore, load and keep: a second judge given the same source while the first builds it
     waits here (up to ``timeout``, then builds itself) and finds the entry when it gets in. A source that
     builds nothing (``may_build``) never waits."""
-    root = _root()
+    root = extensions_root()
     if root is None or not may_build(source):
         yield
         return
@@ -108,7 +109,7 @@ def building(source: str, tools: str, timeout: float) -> Iterator[None]:
 
 def restore(source: str, runner_ext: Path, tools: str) -> bool:
     """Copy the cached build of ``source`` into a runner's build folder; True on a hit."""
-    root = _root()
+    root = extensions_root()
     entry = root / source_key(source, tools) if root else None
     if entry is None or not (entry / MARKER).is_file():
         return False
@@ -122,7 +123,7 @@ def restore(source: str, runner_ext: Path, tools: str) -> bool:
 def keep(source: str, runner_ext: Path, tools: str) -> None:
     """With the runner stopped or dead: keep what it built for ``source``. Regular files only, opened
     without following links (a link planted to a file of the judge's would otherwise be copied in)."""
-    root = _root()
+    root = extensions_root()
     if root is None or not runner_ext.is_dir() or not any(runner_ext.iterdir()):
         return
     entry = root / source_key(source, tools)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import build_cache
+from kb_gym.worker import build_cache, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, run_trials
@@ -178,7 +178,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "build_cached": bool(result.get("build_cached")),
-                                "shm_payloads": runner.shm_payloads}
+                                "shm_payloads": runner.shm_payloads, "pch": runner.pch}
             runner.kill()
         state.clear()
         ctx.jobs_done += 1
@@ -231,8 +231,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         tools = build_cache.toolchain(device)
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
-            runner.load(job["source"], seed, timeout=deadline - time.monotonic())
+            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())
             result["compiled"] = True
+            _build_wanted_headers(used, tools, device)
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
                 with runner.frozen(wait=True) as still:
                     if still:
@@ -319,6 +320,15 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
     return calibration
+
+
+def _build_wanted_headers(record: dict[str, list[str]], tools: str, device: torch.device) -> None:
+    """The precompiled headers the candidate's builds would have used, built now in the background for the
+    next ones (pch.py); the runner's list holds known variant names only (runner_client._pch_record)."""
+    root = pch.root_for(build_cache.extensions_root(), tools, device.type)
+    if root is not None:
+        for variant in record["wanted"]:
+            pch.start_build(root, variant)
 
 
 def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from kb_gym.worker import pch
+from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
 from kb_gym.worker.landlock import restrict_writes
@@ -60,8 +62,8 @@ def _readable_roots() -> list[str]:
     import kb_gym  # editable installs map the package to a source folder: only the package itself
 
     roots.update(os.path.dirname(p) if p.endswith("__init__.py") else p for p in kb_gym.__path__)
-    for name in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(name):
+    for name in ("CUDA_HOME", "CUDA_PATH", pch.ENV_DIR):  # the PCH folder: read, never written (pch.py)
+        if os.environ.get(name) and os.path.isdir(os.environ[name]):
             roots.add(os.environ[name])
     # A folder that holds a user's files must not be readable whole: the home folder (results store,
     # caches), /tmp, the work tree. The package folders above are named one by one instead.
@@ -91,8 +93,9 @@ def _scratch_env(scratch: Path) -> None:
 class Runner:
     """The commands a runner answers: ping, load, call, timed."""
 
-    def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any) -> None:
+    def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any, pch_root: Path | None = None) -> None:
         self.device = torch.device(device)
+        self.pch_root = pch_root  # set only where Landlock keeps this process from writing there
         self.scratch = scratch
         self.send = send
         self.send_tensors = send_tensors
@@ -107,6 +110,7 @@ class Runner:
         self.candidate_file = ""
         self.forward_checked = False
         self.held: list[Any] = []  # a sampled call's outputs, until the judge has asked for its chunks
+        self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -147,10 +151,12 @@ class Runner:
         cand_path = self.scratch / "candidate.py"
         cand_path.write_text(msg["source"])
         self.candidate_file = str(cand_path)
+        self.pch = pch.install(self.pch_root) if self.pch_root is not None and may_build(msg["source"]) else None
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
         except BaseException as exc:  # noqa: BLE001
-            return {"type": "loaded", "status": "compile_error", "error": trim_traceback(exc, str(cand_path))}
+            return {"type": "loaded", "status": "compile_error", "error": trim_traceback(exc, str(cand_path)),
+                    "pch": self.pch}
         cls = getattr(cand_mod, "ModelNew", None)
         if not isinstance(cls, type):
             return {"type": "loaded", "status": "format_error", "error": "the code runs but defines no class ModelNew"}
@@ -166,7 +172,7 @@ class Runner:
                     "error": "constructing ModelNew failed:\n" + trim_traceback(exc, str(cand_path))}
         if not callable(self.model):
             return {"type": "loaded", "status": "compile_error", "error": "ModelNew(...) is not callable"}
-        return {"type": "loaded", "status": "ok"}
+        return {"type": "loaded", "status": "ok", "pch": self.pch}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
         reference = msg.get("target") == "reference"
@@ -317,7 +323,9 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
                 raise
             send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
             os._exit(3)
-    runner = Runner(device, scratch, send, send_tensors)
+    pch_dir = os.environ.get(pch.ENV_DIR)
+    confined = bool(sandbox.get("landlock"))  # writes only in its scratch folder: the PCH stays as built
+    runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_sockets_and_ptrace())
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started})

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import payload
+from kb_gym.worker import build_cache, payload, pch
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -87,7 +87,18 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
         env["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
     if device in _READS_BREAK_CUDA:
         env["KB_GYM_RUNNER_READS"] = "0"
+    pch_root = pch.root_for(build_cache.extensions_root(), build_cache.toolchain(torch.device(device)),
+                            torch.device(device).type)
+    if pch_root is not None:
+        pch_root.mkdir(parents=True, exist_ok=True)  # before the runner's Landlock rules name it
+        env[pch.ENV_DIR] = str(pch_root)
     return env
+
+
+def _pch_record(value: Any) -> dict[str, list[str]]:
+    got = value if isinstance(value, dict) else {}
+    return {key: [v for v in got.get(key) or [] if v in pch.VARIANTS][:len(pch.VARIANTS)] if isinstance(
+        got.get(key), list) else [] for key in ("used", "wanted")}
 
 
 class RunnerProcess:
@@ -110,6 +121,7 @@ class RunnerProcess:
         payload_fd = payload.create()  # large outputs come back through it (payload.py)
         self.payload = payload.PayloadReader(payload_fd) if payload_fd is not None else None
         self.shm_payloads = 0  # calls whose outputs came through the memfd
+        self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
             extra = [payload_fd] if payload_fd is not None else []
@@ -235,14 +247,18 @@ class RunnerProcess:
         if reply.get("status") != "ok":
             raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
 
-    def load(self, source: str, init_seed: int, timeout: float) -> None:
-        """Import the candidate and build ModelNew; a failure is the candidate's verdict."""
+    def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
+        """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
+        builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,
+        checked against pch.VARIANTS wherever they are acted on."""
         self._send({"type": "load", "source": source, "init_seed": init_seed})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
+        self.pch = _pch_record(reply.get("pch"))
         if reply.get("status") != "ok":
             raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
+        return self.pch
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
              check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0) -> CallReply:
