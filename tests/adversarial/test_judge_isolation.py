@@ -67,7 +67,8 @@ def honest_after(ev: Evaluator, config: EvalConfig = CHECK) -> None:
     """The next honest evaluation is judged exactly as on a fresh Evaluator: correct, no new flags."""
     r = ev.evaluate(GELU, HONEST, config=config)
     assert r.status == "correct", (r.status, r.error)
-    assert set(r.flags) <= {"no_custom_kernel"}, r.flags
+    # the envelope and the runner's overhead in the message: a side_stream here is a false alarm to explain
+    assert set(r.flags) <= {"no_custom_kernel"}, (r.flags, r.correctness.get("envelope"), r.worker.get("overhead_ms"))
 
 
 # --- the candidate shares no process with the harness ------------------------------------------
