@@ -294,6 +294,12 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return 0 if stats["evaluator_exceptions"] == 0 and stats["lost_results"] == 0 else 1
 
 
+def cmd_learning_check(args: argparse.Namespace) -> int:
+    from kb_gym.training.learning_check import main as learning_check
+
+    return learning_check(args.options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kb-gym", description="kb_gym: KernelBench-style kernel environments "
                                      "and a trustworthy evaluator.")
@@ -415,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="kb_gym_eval", help="output folder")
     p.add_argument("--vllm", action="store_true", help="generate with vLLM (where installed) instead of transformers")
     p.set_defaults(func=cmd_evaluate_model)
+
+    # every option is the learning check's own (kb-gym learning-check --help): handed on untouched
+    p = sub.add_parser("learning-check", add_help=False, prefix_chars="+",
+                       help="SFT then GRPO against the evaluator, fast_p before/after (docs/training.md)")
+    p.add_argument("options", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_learning_check)
 
     p = sub.add_parser("soak", help="many evaluations mixing faulty and honest candidates; memory and losses")
     _add_device(p)
