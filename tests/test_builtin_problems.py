@@ -5,6 +5,9 @@ set before triton is imported (triton.jit reads it when a kernel is decorated). 
 set: it would reach every Triton kernel the pytest process decorates later (TRL's, in the GPU training
 test) and one process cannot mix the modes; there the solutions are checked on the GPU by
 tests/gpu/test_gpu_engine.py::test_triton_solutions_correct_on_gpu instead.
+
+CUDA solutions (a load_inline extension) need nvcc and a GPU to build and run: without CUDA they are
+skipped here, with that reason, and checked by the same two GPU tests (which take every solution file).
 """
 
 import importlib.util
@@ -25,6 +28,11 @@ BUILTIN = Path(__file__).resolve().parents[1] / "problems" / "builtin"
 LEVEL_DIRS = sorted(p for p in BUILTIN.glob("level*") if p.is_dir())
 PROBLEM_FILES = sorted(f for d in LEVEL_DIRS for f in d.glob("*.py"))
 SOLUTION_FILES = sorted((BUILTIN / "solutions").glob("level*/*.py"))
+LOAD_INLINE_RE = re.compile(r"\bload_inline\s*\(")
+CUDA_SOLUTIONS = {f for f in SOLUTION_FILES if LOAD_INLINE_RE.search(f.read_text())}
+MIN_CUDA_SOLUTIONS = 4  # issue 12: CUDA load_inline kernels for at least 4 built-in problems
+CUDA_SKIP = ("CUDA load_inline solution: building and running it needs nvcc and a GPU; checked on the GPU by "
+             "tests/gpu/test_gpu_engine.py::test_triton_solutions_correct_on_gpu and ::..._at_gpu_size")
 MIN_PER_LEVEL = {"level1": 40, "level2": 40, "level3": 12}  # issue 12: a set worth training on
 ALLOWED_IMPORTS = {"torch", "torch.nn", "torch.nn.functional"}
 NAME_RE = re.compile(r"^([1-9][0-9]*)_[A-Za-z0-9_]+\.py$")
@@ -68,6 +76,14 @@ def test_layout():
         assert (BUILTIN / sol.parent.name / sol.name).is_file(), f"solution without problem: {_rel(sol)}"
     per_level = {d: sum(1 for s in SOLUTION_FILES if s.parent.name == d) for d in ("level1", "level2")}
     assert per_level["level1"] >= 3 and per_level["level2"] >= 1, per_level
+    assert len(CUDA_SOLUTIONS) >= MIN_CUDA_SOLUTIONS, sorted(map(_rel, CUDA_SOLUTIONS))
+    assert len({s.parent.name for s in CUDA_SOLUTIONS}) >= 2, "CUDA solutions on one level only"
+
+
+def _solution_param(path: Path):
+    """A CUDA solution is skipped, with its reason, where torch sees no GPU (no nvcc to build it either)."""
+    marks = [pytest.mark.skip(reason=CUDA_SKIP)] if path in CUDA_SOLUTIONS and not ON_GPU_MACHINE else []
+    return pytest.param(path, id=_rel(path), marks=marks)
 
 
 @pytest.mark.parametrize("path", PROBLEM_FILES, ids=_rel)
@@ -128,7 +144,7 @@ def _tolerance(problem_src: str) -> float:
     return 1e-3 if has_matmul else 1e-4
 
 
-@pytest.mark.parametrize("path", SOLUTION_FILES, ids=_rel)
+@pytest.mark.parametrize("path", [_solution_param(f) for f in SOLUTION_FILES])
 @pytest.mark.skipif(ON_GPU_MACHINE, reason="checked on the GPU by test_triton_solutions_correct_on_gpu")
 def test_solution_matches_reference(path):
     problem_path = BUILTIN / path.parent.name / path.name
@@ -161,3 +177,39 @@ def test_solution_matches_reference(path):
         assert torch.allclose(n, r, atol=tol, rtol=tol), f"{_rel(path)}: max abs err {err:.3g}"
     # Under the interpreter; generous, but catches a solution that would make the suite crawl.
     assert elapsed < 5.0, f"{_rel(path)}: interpreted forward took {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize("path", sorted(CUDA_SOLUTIONS), ids=_rel)
+def test_cuda_solution_names_its_extension_and_builds_the_reference_parameters(path, monkeypatch):
+    """What a CUDA solution's source can show without nvcc: one named load_inline build with kernels, C++
+    glue and the functions forward calls, and the reference's parameters (same order, same values)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    builds = []
+
+    class _Extension:
+        def __getattr__(self, name):
+            raise AssertionError("no kernel can run here")
+
+    def fake_load_inline(name, cpp_sources, cuda_sources=None, functions=None, **kwargs):
+        builds.append({"name": name, "cpp": cpp_sources, "cuda": cuda_sources, "functions": functions})
+        return _Extension()
+
+    monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
+    sol_mod = _load(path)
+    assert len(builds) == 1, builds
+    build = builds[0]
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", build["name"]), build["name"]
+    assert "__global__" in build["cuda"] and build["functions"]
+    for fn in build["functions"]:
+        assert re.search(rf"\b{fn}\s*\(", build["cpp"]), f"{fn} is not defined in cpp_sources"
+        assert f".{fn}(" in path.read_text(), f"{fn} is never called"
+    ref_mod = _load(BUILTIN / path.parent.name / path.name)
+    init_args = ref_mod.get_init_inputs()
+    torch.manual_seed(0)
+    ref = ref_mod.Model(*init_args)
+    torch.manual_seed(0)
+    new = sol_mod.ModelNew(*init_args)
+    ref_params, new_params = list(ref.parameters()), list(new.parameters())
+    assert [p.shape for p in ref_params] == [p.shape for p in new_params]
+    assert all(torch.equal(a, b) for a, b in zip(ref_params, new_params, strict=True))
