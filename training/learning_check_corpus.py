@@ -7,8 +7,9 @@ with the evaluator's reward should then move probability towards the modes that 
 fast). Every prompt gets the same mix, so the mode is not predictable from the problem: what GRPO learns is
 a preference, not a lookup.
 
-- correct: our Triton solution (``problems/builtin/solutions``) where the problem has one, else the reference
-  itself renamed to ``ModelNew`` (correct, and flagged ``no_custom_kernel`` by the evaluator: no speed credit).
+- correct: our Triton solution (``problems/builtin/solutions``; CUDA ones for ``backend="cuda"``) where the
+  problem has one, else the reference itself renamed to ``ModelNew`` (correct, and flagged ``no_custom_kernel``
+  by the evaluator: no speed credit).
 - slow: the correct answer whose ``forward`` runs its work 2 or 3 times and returns the last result.
 - broken: one of ``BROKEN_KINDS``: a wrong value, a syntax error, a runtime error (an undefined helper), an
   answer cut off mid-program, a class not named ``ModelNew``, or prose without code.
@@ -83,17 +84,27 @@ def allocate(n: int, mix: Mapping[str, float]) -> dict[str, int]:
     return counts
 
 
-def solution_for(problem: Problem, solutions_dir: Path = BUILTIN_DIR / "solutions") -> str | None:
-    """Our Triton solution of a built-in problem, if there is one (``solutions/levelN/NAME.py``)."""
+def solution_for(problem: Problem, backend: str = "triton", solutions_dir: Path = BUILTIN_DIR / "solutions"
+                 ) -> str | None:
+    """Our solution of a built-in problem in ``backend``'s kernel language, if there is one
+    (``solutions/levelN/NAME.py``). Why the language check: a CUDA answer to a prompt that asks for Triton
+    would teach the policy to ignore the prompt (and costs an nvcc build per evaluation)."""
     path = solutions_dir / f"level{problem.level}" / f"{problem.name}.py"
-    return path.read_text(encoding="utf-8") if path.is_file() else None
+    if not path.is_file():
+        return None
+    code = path.read_text(encoding="utf-8")
+    cuda = "load_inline" in code
+    if backend == "cuda":
+        return code if cuda else None
+    return code if not cuda and "triton" in code else None
 
 
-def correct_code(problem: Problem) -> tuple[str, str]:
-    """(code, variant): the Triton solution where one exists, else the reference renamed to ModelNew."""
-    solution = solution_for(problem)
+def correct_code(problem: Problem, backend: str = "triton") -> tuple[str, str]:
+    """(code, variant): our solution in ``backend``'s language where one exists, else the reference renamed to
+    ModelNew."""
+    solution = solution_for(problem, backend)
     if solution is not None:
-        return solution, "triton_solution"
+        return solution, f"{backend}_solution"
     return reference_as_candidate(problem), "reference_copy"
 
 
@@ -156,9 +167,9 @@ def answer_text(code: str | None, *, closed: bool = True) -> str:
 
 
 def problem_rows(problem: Problem, prompt: list[dict[str, str]], n: int, mix: Mapping[str, float],
-                 rng: random.Random) -> list[CorpusRow]:
+                 rng: random.Random, backend: str = "triton") -> list[CorpusRow]:
     """``n`` answers for one problem, split by ``mix``, in a seeded order."""
-    base, variant = correct_code(problem)
+    base, variant = correct_code(problem, backend)
     rows = []
     for kind, count in allocate(n, mix).items():
         for _ in range(count):
@@ -186,7 +197,7 @@ def build_corpus(problems: Sequence[Problem], *, per_problem: int, mix: Mapping[
     prompts = prompt_rows(problems, backend, conversational=True, one_shot=one_shot)
     rows: list[CorpusRow] = []
     for problem, row in zip(problems, prompts, strict=True):
-        rows.extend(problem_rows(problem, row["prompt"], per_problem, mix, rng))
+        rows.extend(problem_rows(problem, row["prompt"], per_problem, mix, rng, backend))
     return rows
 
 
