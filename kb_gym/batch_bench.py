@@ -1,9 +1,10 @@
 """``kb-gym bench --batch``: a fixed, mixed batch of candidates through the Evaluator, and the same batch
 the KernelBench way (a fresh process per candidate, one after another, inputs built on the CPU), in one run.
 
-The batch: for each of up to 16 problems (built-in problems that have a Triton solution, and official
+The batch: for each of up to 16 problems (built-in problems that have a solution of ours, and official
 L1/L2 problems where the official set is present), four candidates: the reference copied as
-``ModelNew`` (PyTorch), our Triton solution where there is one (else the reference again), a wrong
+``ModelNew`` (PyTorch), our Triton or CUDA solution where there is one (CUDA only on a GPU; else the
+reference again), a wrong
 answer (the reference times 1.5) and one that raises in ``forward``. Reported: wall time, evaluations
 per GPU-hour, the GPU's busy share (``nvidia-smi`` sampled every 100 ms; None without one), median
 seconds per stage, statuses, build-cache hits, and the KernelBench way's wall beside it. The KernelBench
@@ -26,8 +27,9 @@ from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
-from kb_gym.evaluator import Evaluator
-from kb_gym.problems import BUILTIN_DIR, Problem, ProblemError, load_problems, reference_as_candidate
+from kb_gym.evaluator import Evaluator, resolve_devices
+from kb_gym.problems import Problem, ProblemError, load_problems, reference_as_candidate
+from kb_gym.problems.solutions import solution_backend, solution_files
 
 OFFICIAL = ["level1/19_ReLU", "level1/23_Softmax", "level1/36_RMSNorm_", "level1/1_Square_matrix_multiplication_",
             "level2/1_Conv2D_ReLU_BiasAdd", "level2/12_Gemm_Multiply_LeakyReLU",
@@ -36,10 +38,12 @@ RAISES = ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self,
           "        raise ValueError('no')\n")
 
 
-def build_batch(size: str, problems: int = 16) -> list[tuple[Problem, str, str]]:
-    """(problem, kind, source) for the batch: four candidates per problem."""
+def build_batch(size: str, problems: int = 16, device: str = "cuda") -> list[tuple[Problem, str, str]]:
+    """(problem, kind, source) for the batch: four candidates per problem; our solutions are Triton or CUDA
+    (kind "triton" or "cuda"), the CUDA ones only where ``device`` is a GPU."""
     builtin = {p.key: p for p in load_problems("builtin", size=size)}
-    solved = sorted(f"{p.parent.name}/{p.stem}" for p in (BUILTIN_DIR / "solutions").glob("level*/*.py"))
+    files = {f"{f.parent.name}/{f.stem}": f for f in solution_files(device)}
+    solved = sorted(files)
     chosen = [builtin[k] for k in solved if k in builtin][: problems // 2]
     try:
         official = {p.key: p for p in load_problems("official")}
@@ -49,10 +53,9 @@ def build_batch(size: str, problems: int = 16) -> list[tuple[Problem, str, str]]
     chosen += [builtin[k] for k in solved if k in builtin][problems // 2:]
     batch = []
     for p in chosen[:problems]:
-        solution = BUILTIN_DIR / "solutions" / f"level{p.level}" / f"{p.name}.py"
         copy = reference_as_candidate(p)
-        ours = p.key in builtin and solution.is_file()
-        second = (p, "triton", solution.read_text()) if ours else (p, "reference", copy)
+        solution = files.get(p.key) if p.key in builtin else None
+        second = (p, solution_backend(solution), solution.read_text()) if solution else (p, "reference", copy)
         batch += [(p, "reference", copy), second, (p, "wrong", _scaled(copy)), (p, "raises", RAISES)]
     return batch
 
@@ -157,7 +160,8 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
               out: str | None = None, backend: str = "local") -> dict[str, Any]:
     """``backend="ray"``: the same batch through the Ray service (a local cluster, one worker per device),
     to compare its wall with the local backend's (docs/distributed.md)."""
-    batch = build_batch(size, problems)
+    on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
+    batch = build_batch(size, problems, "cuda" if on_gpu else "cpu")
     report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size,
                               "backend": backend}
     with _evaluator(backend, device) as ev:

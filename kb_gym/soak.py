@@ -18,8 +18,9 @@ from typing import Any
 import psutil
 
 from kb_gym.config import EvalConfig
-from kb_gym.evaluator import Evaluator
-from kb_gym.problems import BUILTIN_DIR, get_problem, load_problems
+from kb_gym.evaluator import Evaluator, resolve_devices
+from kb_gym.problems import get_problem, load_problems
+from kb_gym.problems.solutions import solution_files
 
 _HEAD = "import os, sys, time, torch\n"
 _TAIL = "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        {body}\n"
@@ -94,8 +95,9 @@ def run_soak(n: int = 1000, fault_rate: float = 0.2, device: str = "auto", seed:
              max_minutes: float = 60.0, out: str | None = None, workers_per_device: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     problems = load_problems("builtin", size="cpu")  # many evaluations fast: the small size on any device
+    on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
     honest = [(get_problem(problems, name=f"{p.parent.name}/{p.stem}"), p.read_text())
-              for p in sorted((BUILTIN_DIR / "solutions").glob("level*/*.py"))]
+              for p in solution_files("cuda" if on_gpu else "cpu")]
     relu = get_problem(problems, name="level1/1_ReLU")
     results_path = Path(tempfile.mkdtemp(prefix="kb_gym_soak_")) / "results.jsonl"
     cfg = EvalConfig(trials=2, timing_min_reps=5, timing_max_reps=10, timing_max_seconds=2,

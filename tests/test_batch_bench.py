@@ -9,11 +9,15 @@ from kb_gym.batch_bench import build_batch, format_batch, kernelbench_way, run_b
 
 
 def test_the_batch_is_four_candidates_a_problem_with_our_triton_solutions():
-    batch = build_batch("cpu", problems=16)
+    batch = build_batch("cpu", problems=16, device="cpu")
     keys = [p.key for p, _, _ in batch]
     assert len(batch) == 64 and len(set(keys)) == 16
     assert {kind for _, kind, _ in batch} == {"reference", "triton", "wrong", "raises"}
     assert all(p.size == "cpu" for p, _, _ in batch)
+    # on a GPU our CUDA solutions join, labelled as such (they need nvcc and a GPU to build)
+    on_gpu = build_batch("cpu", problems=16, device="cuda")
+    cuda = [source for _, kind, source in on_gpu if kind == "cuda"]
+    assert cuda and all("load_inline" in source for source in cuda)
 
 
 def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_beside_it(monkeypatch, tmp_path):

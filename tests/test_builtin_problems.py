@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kb_gym.problems.solutions import solution_backend
+
 ON_GPU_MACHINE = torch.cuda.is_available()
 if not ON_GPU_MACHINE:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -28,8 +30,7 @@ BUILTIN = Path(__file__).resolve().parents[1] / "problems" / "builtin"
 LEVEL_DIRS = sorted(p for p in BUILTIN.glob("level*") if p.is_dir())
 PROBLEM_FILES = sorted(f for d in LEVEL_DIRS for f in d.glob("*.py"))
 SOLUTION_FILES = sorted((BUILTIN / "solutions").glob("level*/*.py"))
-LOAD_INLINE_RE = re.compile(r"\bload_inline\s*\(")
-CUDA_SOLUTIONS = {f for f in SOLUTION_FILES if LOAD_INLINE_RE.search(f.read_text())}
+CUDA_SOLUTIONS = {f for f in SOLUTION_FILES if solution_backend(f) == "cuda"}
 MIN_CUDA_SOLUTIONS = 4  # issue 12: CUDA load_inline kernels for at least 4 built-in problems
 CUDA_SKIP = ("CUDA load_inline solution: building and running it needs nvcc and a GPU; checked on the GPU by "
              "tests/gpu/test_gpu_engine.py::test_triton_solutions_correct_on_gpu and ::..._at_gpu_size")
