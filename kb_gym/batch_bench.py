@@ -38,6 +38,9 @@ RAISES = ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self,
           "        raise ValueError('no')\n")
 
 
+EXPECTED = {"wrong": "incorrect", "raises": "runtime_error"}  # the others: correct
+
+
 def build_batch(size: str, problems: int = 16, device: str = "cuda") -> list[tuple[Problem, str, str]]:
     """(problem, kind, source) for the batch: four candidates per problem; our solutions are Triton or CUDA
     (kind "triton" or "cuda"), the CUDA ones only where ``device`` is a GPU."""
@@ -173,8 +176,10 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
         # A line per result as it lands: a run cut by a time limit still leaves what it measured.
         for n, future in enumerate(as_completed(futures), 1):
             (p, kind, _), r = batch[futures.index(future)], future.result()
+            surprise = r.status != EXPECTED.get(kind, "correct")  # why, for a verdict the kind should not get
             print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
-                  f"{r.speedup} total {r.stage_seconds.get('total')}", flush=True)
+                  f"{r.speedup} total {r.stage_seconds.get('total')}"
+                  + (f" flags {r.flags} error {(r.error or '')[:400]!r}" if surprise else ""), flush=True)
         results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
         busy = sampler.stop()

@@ -3,7 +3,7 @@
 a generated corpus, then GRPO against the real evaluator, with fast_0 / fast_1 / mean reward on held-out
 problems before and after. Resumable phases under --out; --max-minutes per call.
 
-    python scripts/learning_check.py --phase all --max-minutes 9
+    python scripts/learning_check.py --phase all --max-minutes 8.5
     python scripts/learning_check.py --help
 """
 

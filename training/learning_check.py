@@ -13,7 +13,7 @@ the tokenizer), ``sft``, ``eval-before``, ``grpo``, ``eval-after``, ``report``. 
 budget: a phase that cannot finish stops cleanly with its work on disk, and the same command carries on from
 there. Exit code 0: every asked-for phase is finished; 3: stopped by the budget (run it again); 2: bad options.
 
-    python scripts/learning_check.py --phase all --max-minutes 9      # again until it says "all phases done"
+    python scripts/learning_check.py --phase all --max-minutes 8.5      # again until it says "all phases done"
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class LearningCheckConfig:
     samples: int = 10
     temperature: float = 1.0
     max_new_tokens: int = 1536
-    gen_batch_size: int = 64
+    gen_batch_size: int = 128
     # GRPO
     grpo_steps: int = 30
     grpo_minutes: float = 6.0
@@ -77,7 +77,7 @@ class LearningCheckConfig:
     eval_config: dict[str, Any] = field(default_factory=dict)
     dedup: bool = True
     # this call
-    max_minutes: float = 9.0
+    max_minutes: float = 8.5
 
     @property
     def own_model(self) -> bool:

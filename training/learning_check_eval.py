@@ -47,6 +47,7 @@ from kb_gym.training.learning_check_stats import summarize_samples
 
 GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
 STOP_MARGIN_S = 20.0
+FIRST_MARGIN_S = 60.0  # before the first batch or evaluation of a call, whose cost (and start-up) is unknown
 
 
 def policy_for(cfg: LearningCheckConfig, layout: Layout, which: str) -> str:
@@ -95,7 +96,7 @@ def _generate_missing(jobs: Sequence[tuple[Problem, int]], answers: dict[tuple[s
     slowest = 0.0
     try:
         for start in range(0, len(todo), max(1, cfg.gen_batch_size)):
-            if deadline.left() < 1.2 * slowest + STOP_MARGIN_S:
+            if deadline.left() < (1.2 * slowest + STOP_MARGIN_S if slowest else FIRST_MARGIN_S):
                 return False, spent
             batch = todo[start:start + cfg.gen_batch_size]
             began = time.monotonic()
@@ -189,8 +190,9 @@ def _evaluate_missing(jobs: Sequence[tuple[Problem, int]], answers: dict[tuple[s
     began_all = last_done = time.monotonic()
     try:
         while todo or inflight:
-            while todo and len(inflight) < 2 * parallel and (
-                    deadline.left() > STOP_MARGIN_S + stats["slowest_s"] * (len(inflight) + 1) / parallel):
+            while todo and len(inflight) < 2 * parallel and deadline.left() > (
+                    STOP_MARGIN_S + stats["slowest_s"] * (len(inflight) + 1) / parallel if stats["slowest_s"]
+                    else FIRST_MARGIN_S):
                 members = todo.popleft()
                 p, k = members[0]
                 inflight[evaluator.submit(p, answers[(p.key, k)])] = (members, time.monotonic())

@@ -218,7 +218,7 @@ def run_grpo(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline, probl
             results_path=str(layout.grpo / "results.jsonl"), resume="latest" if checkpoint else None,
             grpo=grpo_fields(cfg, layout))
         check_config(kcfg)
-        if deadline.expired(60.0):
+        if deadline.expired(120.0):  # loading, the evaluator's start and a first step
             return PhaseResult("grpo", "stopped", [("next", "too little time left in this call to start GRPO; "
                                                              "run the same command again")])
         tokenizer = AutoTokenizer.from_pretrained(start_model)

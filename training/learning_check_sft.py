@@ -133,7 +133,7 @@ def run_sft(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline) -> Pha
     max_steps = max(1, math.ceil(cfg.sft_epochs * steps_per_epoch))
     args = TrainingArguments(
         output_dir=str(layout.sft_trainer), max_steps=max_steps, per_device_train_batch_size=cfg.sft_batch_size,
-        learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=min(100, max(1, max_steps // 20)),
+        learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=min(100, max_steps // 20),
         weight_decay=0.1, adam_beta2=0.95, max_grad_norm=1.0, logging_steps=max(1, min(10, max_steps // 10)),
         save_strategy="steps", save_steps=max(50, max_steps // 10), save_total_limit=1, report_to=[],
         bf16=cuda, use_cpu=not cuda, remove_unused_columns=False, dataloader_num_workers=0, seed=cfg.seed,
