@@ -34,8 +34,9 @@ from kb_gym.problems.solutions import solution_backend, solution_files
 OFFICIAL = ["level1/19_ReLU", "level1/23_Softmax", "level1/36_RMSNorm_", "level1/1_Square_matrix_multiplication_",
             "level2/1_Conv2D_ReLU_BiasAdd", "level2/12_Gemm_Multiply_LeakyReLU",
             "level2/40_Matmul_Scaling_ResidualAdd", "level2/76_Gemm_Add_ReLU"]
-RAISES = ("import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, *args):\n"
-          "        raise ValueError('no')\n")
+# Takes any init arguments, so that it fails in forward (runtime_error) on problems with init inputs too.
+RAISES = ("import torch\nclass ModelNew(torch.nn.Module):\n    def __init__(self, *args, **kwargs):\n"
+          "        super().__init__()\n    def forward(self, *args):\n        raise ValueError('no')\n")
 
 
 EXPECTED = {"wrong": "incorrect", "raises": "runtime_error"}  # the others: correct
