@@ -16,8 +16,8 @@ import pytest
 from kb_gym import EvalConfig, Evaluator
 from kb_gym.problems import get_problem, load_problems, reference_as_candidate
 from kb_gym.training.learning_check import main, parse_phases, run
-from kb_gym.training.learning_check_common import Deadline, Layout, LearningCheckConfig, budget_callback, read_jsonl
-from kb_gym.training.learning_check_corpus import (
+from kb_gym.training.learning_check.common import Deadline, Layout, LearningCheckConfig, budget_callback, read_jsonl
+from kb_gym.training.learning_check.corpus import (
     BROKEN_KINDS,
     allocate,
     answer_text,
@@ -28,9 +28,9 @@ from kb_gym.training.learning_check_corpus import (
     parse_mix,
     slow_code,
 )
-from kb_gym.training.learning_check_eval import run_eval
-from kb_gym.training.learning_check_grpo import DedupEvaluator
-from kb_gym.training.learning_check_stats import (
+from kb_gym.training.learning_check.eval import run_eval
+from kb_gym.training.learning_check.grpo import DedupEvaluator
+from kb_gym.training.learning_check.stats import (
     bootstrap_mean,
     paired_difference,
     problem_bootstrap,

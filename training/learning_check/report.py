@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kb_gym.training.learning_check_common import (
+from kb_gym.training.learning_check.common import (
     Layout,
     LearningCheckConfig,
     PhaseResult,
@@ -22,8 +22,8 @@ from kb_gym.training.learning_check_common import (
     read_jsonl,
     write_json,
 )
-from kb_gym.training.learning_check_grpo import step_rows, timing_summary
-from kb_gym.training.learning_check_stats import compare
+from kb_gym.training.learning_check.grpo import step_rows, timing_summary
+from kb_gym.training.learning_check.stats import compare
 
 RATES = ("fast_0", "fast_1", "credited")
 METRICS = (*RATES, "mean_reward")

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kb_gym.problems import Problem, load_problems
-from kb_gym.training.learning_check_common import (
+from kb_gym.training.learning_check.common import (
     DEFAULT_OUT,
     PHASES,
     Deadline,
@@ -42,7 +42,7 @@ from kb_gym.training.learning_check_common import (
     read_json,
     write_json,
 )
-from kb_gym.training.learning_check_corpus import (
+from kb_gym.training.learning_check.corpus import (
     build_corpus,
     corpus_stats,
     parse_mix,
@@ -72,7 +72,7 @@ def run_corpus(cfg: LearningCheckConfig, layout: Layout) -> PhaseResult:
     write_corpus(rows, layout.corpus_file)
     summary: dict[str, Any] = {"corpus": str(layout.corpus_file), **corpus_stats([r.to_dict() for r in rows])}
     if cfg.own_model:
-        from kb_gym.training.learning_check_model import save_tokenizer, train_tokenizer
+        from kb_gym.training.learning_check.model import save_tokenizer, train_tokenizer
 
         texts = sorted({m["content"] for r in rows for m in r.prompt} | {r.completion for r in rows})
         tokenizer = train_tokenizer(texts, cfg.vocab_size)
@@ -112,19 +112,19 @@ def run_phase(phase: str, cfg: LearningCheckConfig, layout: Layout, deadline: De
     if phase == "sft":
         if not cfg.uses_sft:
             return PhaseResult("sft", "not used", [("why", f"--model {cfg.model} without --sft-pretrained")])
-        from kb_gym.training.learning_check_sft import run_sft
+        from kb_gym.training.learning_check.sft import run_sft
 
         return run_sft(cfg, layout, deadline)
     if phase in ("eval-before", "eval-after"):
-        from kb_gym.training.learning_check_eval import run_eval
+        from kb_gym.training.learning_check.eval import run_eval
 
         return run_eval(cfg, layout, deadline, phase.removeprefix("eval-"), split_problems(cfg, "test"))
     if phase == "grpo":
-        from kb_gym.training.learning_check_grpo import run_grpo
+        from kb_gym.training.learning_check.grpo import run_grpo
 
         return run_grpo(cfg, layout, deadline, split_problems(cfg, "train"))
     if phase == "report":
-        from kb_gym.training.learning_check_report import run_report
+        from kb_gym.training.learning_check.report import run_report
 
         return run_report(cfg, layout)
     raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}, all")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kb_gym.training.learning_check_common import (
+from kb_gym.training.learning_check.common import (
     Deadline,
     Layout,
     LearningCheckConfig,
@@ -27,7 +27,7 @@ from kb_gym.training.learning_check_common import (
     single_gpu,
     write_json,
 )
-from kb_gym.training.learning_check_corpus import read_corpus
+from kb_gym.training.learning_check.corpus import read_corpus
 
 IGNORE = -100
 
@@ -78,7 +78,7 @@ def _base_model(cfg: LearningCheckConfig, tokenizer: Any) -> Any:
     import torch
 
     if cfg.own_model:
-        from kb_gym.training.learning_check_model import build_model
+        from kb_gym.training.learning_check.model import build_model
 
         torch.manual_seed(cfg.seed)
         return build_model(cfg.model_size, tokenizer, max_positions=max(cfg.max_length, 2048))

@@ -33,7 +33,7 @@ from kb_gym.problems import Problem
 from kb_gym.prompts import build_messages
 from kb_gym.result import EvalResult
 from kb_gym.store import ResultsStore
-from kb_gym.training.learning_check_common import (
+from kb_gym.training.learning_check.common import (
     Deadline,
     Layout,
     LearningCheckConfig,
@@ -43,7 +43,7 @@ from kb_gym.training.learning_check_common import (
     read_jsonl,
     write_json,
 )
-from kb_gym.training.learning_check_stats import summarize_samples
+from kb_gym.training.learning_check.stats import summarize_samples
 
 GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
 STOP_MARGIN_S = 20.0

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.problems import Problem
-from kb_gym.training.learning_check_common import (
+from kb_gym.training.learning_check.common import (
     Deadline,
     Layout,
     LearningCheckConfig,
@@ -40,7 +40,7 @@ from kb_gym.training.learning_check_common import (
     single_gpu,
     write_json,
 )
-from kb_gym.training.learning_check_eval import code_key, policy_for
+from kb_gym.training.learning_check.eval import code_key, policy_for
 
 KEPT_METRICS = ("reward", "reward_std", "loss", "learning_rate", "completions/mean_length",
                 "completions/clipped_ratio", "frac_reward_zero_std", "entropy")
