@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from adversarial.test_judge_isolation import CHECK, CPP_EXTENSION, GELU
 
 from kb_gym import Evaluator
@@ -125,3 +126,62 @@ def test_a_precompiled_header_is_built_once_beside_the_cache_and_speeds_up_later
     assert b.status == again.status == "correct", (b.error, again.error)
     assert b.worker["pch"]["used"] == ["cpp"] and not b.worker["build_cached"]
     assert again.worker["build_cached"] and again.stage_seconds["load"] < 3.0  # loaded, not rebuilt
+
+
+# Finds the precompiled header through the runner's environment and tries to rewrite it, to plant a file
+# beside it, and to make it writable first; raises (a verdict other than correct) if any of it worked.
+POISON_PCH = '''
+import glob, os
+import torch
+import torch.nn as nn
+root = os.environ.get("KB_GYM_PCH_DIR", "")
+headers = glob.glob(root + "/*/torch/extension.h.gch")
+done = []
+for h in headers:
+    try:
+        os.chmod(h, 0o644)
+    except OSError:
+        pass
+    try:
+        with open(h, "r+b") as f:
+            f.write(b"#error poisoned")
+        done.append("rewrote " + h)
+    except OSError:
+        pass
+try:
+    with open(os.path.join(root, "cpp", "torch", "planted.h"), "w") as f:
+        f.write("x")
+    done.append("planted")
+except OSError:
+    pass
+if done or not headers:
+    raise RuntimeError(f"{done} headers={headers}")
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
+'''
+
+
+@needs_compiler
+def test_a_runner_cannot_rewrite_the_precompiled_header_and_a_changed_one_is_never_used(monkeypatch, tmp_path):
+    """Landlock keeps runners from writing the header every later build includes; a header changed anyway
+    (chmod is not a write, or an unconfined process on the host) is removed by the judge before the next build
+    and built again, never used."""
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setenv("KB_GYM_PCH", "1")
+    root = pch.root_for(tmp_path / "extensions", build_cache.toolchain(torch.device("cpu")), "cpu")
+    assert pch.build(root, "cpp") is not None, list(root.glob("*.failed"))
+    header = root / "cpp" / "torch" / "extension.h.gch"
+    with Evaluator("cpu", results_path=False) as ev:
+        attack = ev.evaluate(GELU, POISON_PCH, config=CHECK)
+        if not attack.worker["landlock"]:
+            pytest.skip("no Landlock here: an unconfined runner gets no precompiled header")
+        assert attack.status == "correct", attack.error  # found the header, wrote nothing
+        assert not (root / "cpp" / "torch" / "planted.h").exists()
+        with open(header, "r+b") as f:  # as an unconfined process on the host would
+            f.write(b"#error poisoned")
+        after = ev.evaluate(GELU, CPP_EXTENSION.replace("guard_gelu_cpu", "pch_after_change"), config=CHECK)
+    assert after.status == "correct", after.error
+    assert after.worker["pch"]["removed"] == ["cpp"] and after.worker["pch"]["used"] == []
+    assert not header.exists() or b"poisoned" not in header.read_bytes()[:64]

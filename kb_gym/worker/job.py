@@ -178,7 +178,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "build_cached": bool(result.get("build_cached")),
-                                "shm_payloads": runner.shm_payloads, "pch": runner.pch}
+                                "shm_payloads": runner.shm_payloads,
+                                "pch": {**runner.pch, "removed": state.get("pch_removed", [])}}
             runner.kill()
         state.clear()
         ctx.jobs_done += 1
@@ -229,6 +230,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic())
         tools = build_cache.toolchain(device)
+        headers = pch.root_for(build_cache.extensions_root(), tools, device.type)
+        if headers is not None and build_cache.may_build(job["source"]):
+            state["pch_removed"] = pch.verify(headers)
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())

@@ -18,8 +18,11 @@ so that its build arguments, which torch and the build cache compare, do not cha
 appears), and the variants asked for that were not ready are reported to the judge, which starts their builds in the
 background (``start_build``, a low-priority process; only names from :data:`VARIANTS`). The runner reads the
 folder only where Landlock confines it (writes only in its scratch folder): an unconfined runner could
-rewrite a header every later build includes, so it gets no PCH. A header that does not match a build's
-flags is ignored by GCC, which then reads the plain copy beside it: a mismatch costs speed, never a build.
+rewrite a header every later build includes, so it gets no PCH; and before each build a candidate may start
+the judge checks every ready variant's files against the size, inode and change time recorded when it was
+built (``verify``), removing one that changed (written by some unconfined process on the host). A header that
+does not match a build's flags is ignored by GCC, which then reads the plain copy beside it: a mismatch costs
+speed, never a build.
 """
 
 from __future__ import annotations
@@ -107,6 +110,33 @@ def start_build(root: Path, variant: str) -> bool:
     return True
 
 
+def _signature(folder: Path) -> list[list[Any]]:
+    """What any write to a variant's files changes: each file's size, inode and change time (``ctime``, which
+    no process can set back)."""
+    out = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != READY):
+        st = path.stat()
+        out.append([str(path.relative_to(folder)), st.st_size, st.st_ino, st.st_ctime_ns])
+    return out
+
+
+def verify(root: Path) -> list[str]:
+    """Remove every ready variant whose files changed since they were built (where runners are not confined,
+    another process could have rewritten them); returns the variants removed. The judge calls it before each
+    build a candidate may start."""
+    removed = []
+    for marker in root.glob(f"*/{READY}"):
+        folder = marker.parent
+        try:
+            ok = json.loads(marker.read_text()).get("files") == _signature(folder)
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
+
+
 def compile_flags(variant: str) -> tuple[str, str]:
     """The compiler and the flags torch would give ``main.cpp`` of an extension of this variant, without the
     extension's name: read from the build file torch writes (its own function, so they follow torch)."""
@@ -151,10 +181,12 @@ def build(root: Path, variant: str) -> Path | None:
             shutil.copyfile(Path(cpp_extension._TORCH_PATH) / "include" / "torch" / "extension.h", header)
             cmd = f"{cxx} {cflags} -x c++-header {header} -o {header}.gch"
             subprocess.run(cmd, shell=True, check=True, cwd=tmp)
-            (tmp / READY).write_text(json.dumps({"command": cmd, "seconds": round(time.monotonic() - t0, 1)}))
             for path in tmp.rglob("*"):
                 if path.is_file():
                     path.chmod(0o444)
+            (tmp / READY).write_text(json.dumps({"command": cmd, "seconds": round(time.monotonic() - t0, 1),
+                                                 "files": _signature(tmp)}))
+            (tmp / READY).chmod(0o444)
             shutil.rmtree(final, ignore_errors=True)
             os.rename(tmp, final)
             return final
