@@ -167,20 +167,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _key_values(pairs: list[str], what: str) -> dict:
-    """``["max_steps=10", "learning_rate=1e-6"]`` -> ``{"max_steps": 10, "learning_rate": 1e-06}`` (JSON values,
-    else strings)."""
-    import json
+    """``--what KEY=VALUE`` options as a dict (config.parse_key_values); a malformed one ends the command."""
+    from kb_gym.config import parse_key_values
 
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--{what} expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+    try:
+        return parse_key_values(pairs, f"--{what}")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,3 +125,19 @@ def resolve_config(config: EvalConfig | str | None, **overrides: Any) -> EvalCon
         config = config_preset(config)
     config = config or EvalConfig()
     return config.replace(**overrides) if overrides else config
+
+
+def parse_key_values(pairs: Sequence[str], flag: str) -> dict[str, Any]:
+    """``["max_steps=10", "learning_rate=1e-6"]`` -> ``{"max_steps": 10, "learning_rate": 1e-06}``: values as
+    JSON where they parse (``3``, ``true``, ``[1]``), else strings. ``ValueError`` names ``flag`` on a pair
+    without ``=``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out

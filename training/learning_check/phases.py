@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from kb_gym.config import parse_key_values
 from kb_gym.problems import Problem, load_problems
 from kb_gym.training.learning_check.common import (
     DEFAULT_OUT,
@@ -159,20 +160,6 @@ def run(cfg: LearningCheckConfig, phases: Sequence[str], *, out: Any = None) -> 
     return results
 
 
-def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; values as JSON where they parse (``3``, ``true``, ``[1]``), else strings."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{flag} {item!r}: write KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = LearningCheckConfig()
     p = argparse.ArgumentParser(prog="learning_check", description=__doc__.split("\n\n")[0],
@@ -232,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> LearningCheckConfig:
     fields = {f.name for f in dataclasses.fields(LearningCheckConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields and k not in ("grpo", "eval_config")}
-    return LearningCheckConfig(**values, grpo=_key_values(args.grpo, "--grpo"),
-                               eval_config=_key_values(args.eval, "--eval"), dedup=not args.no_dedup)
+    return LearningCheckConfig(**values, grpo=parse_key_values(args.grpo, "--grpo"),
+                               eval_config=parse_key_values(args.eval, "--eval"), dedup=not args.no_dedup)
 
 
 def parse_phases(text: str) -> list[str]:
