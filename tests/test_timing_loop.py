@@ -89,3 +89,29 @@ def test_an_envelope_over_its_tolerance_is_weighed_again_against_a_fresh_calibra
         assert paired_timing.hidden_work() is still_hidden
         envelope = paired_timing.summary()["envelope"]
         assert envelope["counted"] is still_hidden and envelope["second_calibration"]
+
+
+def test_an_excess_the_second_calibration_leaves_is_timed_again_and_the_smaller_run_kept():
+    """Honest excesses over the tolerance are one-off drifts; hidden work shows in every run. So a flagged loop is
+    timed once more and the run with the smaller excess is kept whole: a drift clears, hidden work stays counted,
+    a wrong timed output in the second run stands, and a stage without time for another loop keeps the first."""
+    import time as clock
+
+    from kb_gym.worker import job
+
+    def paired(gap_ms: float, mismatch: str | None = None) -> timing.PairedTiming:
+        side = timing.Side(event_ms=[0.01] * 10, envelope_ms=[0.01 + gap_ms] * 10)
+        return timing.PairedTiming(timing.Side(event_ms=[0.01] * 10), side, 10, 0.1, timing.Calibration(2.2, 0.02),
+                                   "cuda", mismatch=mismatch, seconds=0.5)
+
+    far = clock.monotonic() + 60
+    first = paired(2.7)  # 0.5 ms over the calibration, beyond the 0.3 ms floor
+    assert first.hidden_work()
+    drift = job._retime(first, lambda cal: paired(2.25), far)
+    assert drift.retimed and not drift.hidden_work() and drift.seconds == 1.0
+    hidden = job._retime(paired(3.5), lambda cal: paired(3.4), far)
+    assert hidden.retimed and hidden.hidden_work() and hidden.summary()["envelope"]["retimed"]
+    wrong = job._retime(paired(2.7), lambda cal: paired(2.9, mismatch="zeros"), far)
+    assert wrong.mismatch == "zeros"
+    late = paired(2.7)
+    assert job._retime(late, lambda cal: paired(2.25), clock.monotonic() + 0.5) is late and not late.retimed

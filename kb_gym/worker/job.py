@@ -376,15 +376,22 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             raise StageError("timeout", "the timing stage exceeded its time limit")
         return left
 
-    try:
-        timing = time_pair(
+    def timed_loop(calibration: Calibration | None) -> PairedTiming:
+        return time_pair(
             None if cached else baseline_fn, ref_model, runner, ref_mod, ctx.device, dtype, ctx.flusher,
             check if cfg["check_timed_outputs"] else None,
             warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
             max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
-            byte_limit=state.get("byte_limit", 1 << 30), calibration=state.get("calibration"),
+            byte_limit=state.get("byte_limit", 1 << 30), calibration=calibration,
             chunk_bytes=state.get("chunk_bytes", 0))
+
+    try:
+        timing = timed_loop(state.get("calibration"))
+        if timing.hidden_work() and not timing.mismatch and runner is not None:
+            _second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
+            if timing.hidden_work():
+                timing = _retime(timing, timed_loop, deadline)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
@@ -392,8 +399,6 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     except Exception as exc:  # noqa: BLE001 - the baseline itself failed: the judge's context may be gone
         raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
                          restart=sticky_cuda_error(ctx.device)) from None
-    if timing.hidden_work() and not timing.mismatch and runner is not None:
-        _second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
     _timing_verdict(timing, cached, result, state)
 
 
@@ -414,6 +419,26 @@ def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_m
         return
     timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms))
     timing.second_calibration = True
+
+
+def _retime(first: PairedTiming, timed_loop: Any, deadline: float) -> PairedTiming:
+    """A flagged excess that the second calibration did not explain: the loop is timed once more (fresh inputs,
+    the same calibration) and the run with the smaller excess is kept, whole. Honest excesses over the
+    tolerance are one-off drifts (envelope-diag: -0.40..+0.15 ms between identical runners); hidden work shows in
+    both runs, and a candidate that hides work in one run only is timed honestly in the other. Skipped where the
+    stage has not time left for another loop: the first verdict stands."""
+    if deadline - time.monotonic() < 1.5 * first.seconds + 1.0:
+        return first
+    try:
+        again = timed_loop(first.calibration)
+    except StageError as exc:
+        if exc.status == "timeout":
+            return first
+        raise
+    kept = again if (again.mismatch or again.excess_ms() < first.excess_ms()) else first
+    kept.second_calibration, kept.retimed = first.second_calibration, True
+    kept.seconds = first.seconds + again.seconds  # the stage's split counts both loops
+    return kept
 
 
 def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: dict[str, Any],

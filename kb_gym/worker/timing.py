@@ -76,6 +76,7 @@ class PairedTiming:
     seconds: float = 0.0
     launches: int = 0
     second_calibration: bool = False  # an excess over the tolerance was measured again: see job._second_opinion
+    retimed: bool = False  # ... and the whole loop timed again, the run with the smaller excess kept: job._retime
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -123,7 +124,7 @@ class PairedTiming:
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
                              "calibrated": self.calibration is not None, "counted": hidden,
-                             "second_calibration": self.second_calibration})
+                             "second_calibration": self.second_calibration, "retimed": self.retimed})
         return out
 
 
