@@ -161,14 +161,15 @@ def kernelbench_way(problem: Problem, source: str, device: str, trials: int, rep
 
 
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,
-              out: str | None = None, backend: str = "local") -> dict[str, Any]:
+              out: str | None = None, backend: str = "local", workers_per_device: int = 1) -> dict[str, Any]:
     """``backend="ray"``: the same batch through the Ray service (a local cluster, one worker per device),
-    to compare its wall with the local backend's (docs/distributed.md)."""
+    to compare its wall with the local backend's (docs/distributed.md). ``workers_per_device`` (local): 2 lets
+    one worker load and compile while the other holds the device (the pipeline of docs/evaluation.md)."""
     on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
     batch = build_batch(size, problems, "cuda" if on_gpu else "cpu")
     report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size,
-                              "backend": backend}
-    with _evaluator(backend, device) as ev:
+                              "backend": backend, "workers_per_device": workers_per_device}
+    with _evaluator(backend, device, workers_per_device) as ev:
         ev.warm()
         trials = ev.config.trials
         sampler = BusySampler()
@@ -210,9 +211,9 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
     return report
 
 
-def _evaluator(backend: str, device: str) -> Any:
+def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:
     if backend == "local":
-        return Evaluator(device, results_path=False)
+        return Evaluator(device, results_path=False, workers_per_device=workers_per_device)
     if backend != "ray":
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     from kb_gym.evaluator import resolve_devices
