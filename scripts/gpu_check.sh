@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: stash / ray (Ray in two calls: see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -58,6 +58,18 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
              ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "$2" --out "$OUT/audit.jsonl"; }
            # Then the problems that ran out of memory beside another worker, again with one worker.
            audit "${AUDIT_SECONDS:-540}" "${AUDIT_DEVICE:-auto}"; audit "${AUDIT_RETRY_SECONDS:-120}" cuda:0 ;;
+    # Wheels over the 64 MB carry, in parts (.carry/<group>/NAME.partN, made by scripts/carry_parts.sh): "stash"
+    # keeps this call's parts in runs/kb_parts (git-ignored: kept between calls on a warm machine); "ray" joins them (a second call within the
+    # machine's idle window), checks the sha256, installs Ray into /tmp/kb_ray_site, then runs the batch through
+    # the local backend and the Ray service in this one call (BATCH_ARGS, e.g. --size cpu --no-kernelbench-way).
+    stash) mkdir -p runs/kb_parts && cp -v .carry/*/* runs/kb_parts/ ;;
+    ray) bash scripts/carry_parts.sh join runs/kb_parts /tmp/kb_ray_wheels && cp .carry/*/*.whl /tmp/kb_ray_wheels/ \
+           && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kb_ray_site \
+                /tmp/kb_ray_wheels/*.whl || return 1
+         export PYTHONPATH=$SITE:/tmp/kb_ray_site
+         python3 -c "import ray; print('ray', ray.__version__)" || return 1
+         kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
+           kb bench --batch --backend ray ${BATCH_ARGS:-} --out "$OUT/batch-ray.json" ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
@@ -93,6 +105,7 @@ cat "$OUT/envelope.log" 2>/dev/null
 cat "$OUT/payload.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 14 "$OUT/batch.log" 2>/dev/null
+grep -E "wall|per GPU-hour|busy" "$OUT/ray.log" 2>/dev/null | tail -8
 tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 [ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \
