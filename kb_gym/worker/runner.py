@@ -41,7 +41,7 @@ from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_sockets_and_ptrace
 from kb_gym.worker.spot_check import chunk_hashes
-from kb_gym.worker.tensors import commitment, describe, flatten_bytes, flatten_plain, host_bytes
+from kb_gym.worker.tensors import commitment, describe, flatten_bytes, flatten_plain, host_bytes, on_host
 
 SHM_MB = 64
 
@@ -201,6 +201,8 @@ class Runner:
                 event_ms = host_ms = None
             structure, flat = flatten_plain(out)
             meta = describe(flat)
+            # on the host once: hashed before "done", then sent (or held for the chunks) from these copies
+            flat = [on_host(t) for t in flat]
             chunk_bytes = int(msg.get("chunk_bytes") or 0) if timed else 0
             if chunk_bytes:
                 hashes, digest = chunk_hashes(flat, int(msg.get("nonce", 0)), chunk_bytes), None

@@ -35,6 +35,7 @@ from kb_gym.worker.tensors import (
     commitment,
     decode,
     expected_nbytes,
+    host_bytes,
     receive_buffer,
 )
 
@@ -282,7 +283,7 @@ class RunnerProcess:
             if timed and chunk_bytes:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
-            tensors = decode(msg["outputs"], data, self.torch_device)
+            tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
             if commitment(tensors, nonce) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
                                  "when it reported the call done: its time did not cover computing them",
@@ -324,10 +325,12 @@ class RunnerProcess:
                 or any(d.get("dtype") != "uint8" for d in described)):
             raise WireError("the runner's chunks are not the sizes asked for")
         raw, _ = self._payload(head, expected_nbytes(described, sum(sizes)), timeout, reuse=False)
-        pieces = decode(described, raw, self.torch_device)
+        # decoded (copied) first, to the device of the output each chunk is of; then hashed from those copies
+        pieces = decode([{**d, "device": meta[k].get("device")} for d, (k, _) in zip(described, want, strict=True)],
+                        raw, self.torch_device)
         chunks = []
         for (k, j), piece in zip(want, pieces, strict=True):
-            if chunk_hash(piece, meta[k]["nbytes"], j * chunk_bytes, nonce, k) != msg["chunk_hashes"][k][j]:
+            if chunk_hash(host_bytes(piece), nonce, k, j) != msg["chunk_hashes"][k][j]:
                 raise StageError("incorrect", "a chunk the runner sent is not the one it had hashed when it reported "
                                  "the call done: its time did not cover computing it", flags=("tampering",))
             dtype = WIRE_DTYPES[meta[k]["dtype"]]

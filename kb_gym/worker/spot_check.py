@@ -2,10 +2,10 @@
 
 A timed call of a GPU-sized problem returns hundreds of MB to GBs; copied through the pipe every call, a
 4 GB output cost seconds a call (170 s for one evaluation on the H200). For those, the runner's "done" carries
-one nonce-keyed hash per 1 MB chunk of each output instead of the bytes (``chunk_hashes``), computed on the
-device in one pass; only then does the judge draw which chunks it wants (``os.urandom``) and the runner sends
-those. The judge checks each chunk against its hash and its values against the reference's at the same
-positions. What that keeps:
+one nonce-keyed digest per 1 MB chunk of each output instead of the bytes (``chunk_hashes``: BLAKE2b over the
+host copy, digest.py; a runner cannot find other bytes with the same digest); only then does the judge
+draw which chunks it wants (``os.urandom``) and the runner sends those. The judge checks each chunk against
+its hash and its values against the reference's at the same positions. What that keeps:
 
 - "done" still needs the exact output bits (every chunk's hash depends on them), so the judge's clock covers
   computing them, as with the whole-output commitment.
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker.tensors import HASH_MASK, HASH_SLICE, flatten_bytes, hash_words, weighted_words
+from kb_gym.worker.digest import chunk_digest, chunk_digests
+from kb_gym.worker.tensors import host_bytes
 
 CHUNK_BYTES = 1 << 20  # at most; a multiple of every element size, so a chunk holds whole elements
 MIN_CHUNK_BYTES = 4096
@@ -36,27 +37,14 @@ def chunk_size(output_bytes: int) -> int:
 
 
 def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
-    """Per output, one hash per ``chunk_bytes`` of its bytes (the last chunk may be shorter)."""
-    out = []
-    for k, t in enumerate(tensors):
-        raw = flatten_bytes(t)
-        words, size = hash_words(raw, raw.numel())
-        per_chunk = chunk_bytes // size
-        n_chunks = -(-words.numel() // per_chunk)
-        sums = torch.zeros(n_chunks, dtype=torch.int64, device=raw.device)
-        step = max(per_chunk, (HASH_SLICE // per_chunk) * per_chunk)  # whole chunks per step
-        for lo in range(0, words.numel(), step):
-            products = weighted_words(words[lo:lo + step], lo, nonce, k)
-            index = torch.arange(products.numel(), device=raw.device) // per_chunk + lo // per_chunk
-            sums.index_add_(0, index, products)
-        out.append([int(v) & HASH_MASK for v in sums.tolist()])
-    return out
+    """Per output, one keyed digest per ``chunk_bytes`` of its host bytes (the last chunk may be shorter);
+    ``tensors`` are best already on the host (``on_host``): a GPU tensor is copied here."""
+    return [chunk_digests(host_bytes(t), nonce, k, chunk_bytes) for k, t in enumerate(tensors)]
 
 
-def chunk_hash(chunk: torch.Tensor, tensor_nbytes: int, start_byte: int, nonce: int, k: int) -> int:
-    """The hash of one chunk (raw bytes starting ``start_byte`` into output ``k``), as chunk_hashes computes it."""
-    words, size = hash_words(chunk, tensor_nbytes)
-    return int(weighted_words(words, start_byte // size, nonce, k).sum().item()) & HASH_MASK
+def chunk_hash(chunk: memoryview, nonce: int, k: int, j: int) -> int:
+    """The digest of chunk ``j`` of output ``k`` (its raw bytes), as chunk_hashes computes it."""
+    return chunk_digest(chunk, nonce, k, j)
 
 
 def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from kb_gym.worker.digest import commitment_of
+
 WIRE_DTYPES = MappingProxyType({
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
@@ -58,18 +60,34 @@ def describe(tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
     return meta
 
 
-def host_bytes(t: torch.Tensor) -> memoryview:
-    """The tensor's values as contiguous host bytes (a GPU tensor through page-locked memory: a direct copy,
+def on_host(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as a contiguous host tensor (a GPU tensor through page-locked memory: a direct copy,
     several times faster than into pageable memory, from a pool the CUDA host allocator keeps)."""
     t = t.detach()
     if t.is_cuda:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t)
-    else:
-        host = t.contiguous()
+        return host
+    return t.contiguous()
+
+
+def host_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's values as contiguous host bytes (``on_host``)."""
+    host = on_host(t)
     if not host.numel():
         return memoryview(b"")
     return memoryview(host.reshape(-1).view(torch.uint8).numpy())
+
+
+def byte_views(meta: list[dict[str, Any]], data: Any) -> list[memoryview]:
+    """The bytes of each described output within ``data`` (bytes, a memoryview or a CPU uint8 tensor)."""
+    if isinstance(data, torch.Tensor):
+        data = data.numpy() if data.numel() else b""
+    whole, out, offset = memoryview(data).cast("B"), [], 0
+    for item in meta:
+        out.append(whole[offset:offset + item["nbytes"]])
+        offset += item["nbytes"]
+    return out
 
 
 # The judge lives long and torch's host allocator keeps what it pinned: outputs up to this size are read
@@ -136,39 +154,9 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
     return out
 
 
-HASH_SLICE = 1 << 24  # words hashed per step: bounds the int64 temporaries of hashing multi-GB outputs
-HASH_MASK = (1 << 63) - 1
-
-
-def hash_words(raw: torch.Tensor, tensor_nbytes: int) -> tuple[torch.Tensor, int]:
-    """A tensor's bytes (``raw``, or a chunk of them) as the words its hash sums, and their size: int32 where
-    the whole tensor's size allows, else bytes."""
-    if tensor_nbytes % 4 == 0 and raw.numel() % 4 == 0:
-        return raw.view(torch.int32), 4
-    return raw, 1
-
-
-def weighted_words(words: torch.Tensor, first_word: int, nonce: int, k: int) -> torch.Tensor:
-    """Each word (of output ``k``, starting at word ``first_word``) times a weight from a multiplicative hash
-    of its position and the nonce; their wrapping int64 sum is the hash."""
-    part = words.to(torch.int64)
-    pos = torch.arange(first_word, first_word + part.numel(), dtype=torch.int64, device=part.device)
-    weight = ((pos + (nonce ^ (k * 0x632BE5AB))) * 0x9E3779B97F4A7C15 & HASH_MASK) | 1
-    return part * weight
-
-
 def commitment(tensors: list[torch.Tensor], nonce: int) -> int:
     """A number that only the exact output bits give, keyed by a per-call nonce: the runner sends it with
     "done", the judge recomputes it from the bytes that arrive after. A runner that reports done before
-    its outputs exist cannot know it, so the judge's clock, which stops on "done", covers the work.
-
-    Integer arithmetic on the bit patterns (wrapping int64 sums, the same on every device and in any
-    order), with weights from a multiplicative hash of the position and the nonce: not linear in the
-    values, so no shortcut through the problem's own algebra computes it."""
-    total = 0
-    for k, t in enumerate(tensors):
-        raw = flatten_bytes(t)
-        words, _ = hash_words(raw, raw.numel())
-        for lo in range(0, words.numel(), HASH_SLICE):
-            total = (total + int(weighted_words(words[lo:lo + HASH_SLICE], lo, nonce, k).sum().item())) & HASH_MASK
-    return total
+    its outputs exist cannot know it, so the judge's clock, which stops on "done", covers the work. Keyed
+    BLAKE2b over the host bytes (digest.py: why not a sum of the words)."""
+    return commitment_of([host_bytes(t) for t in tensors], nonce)

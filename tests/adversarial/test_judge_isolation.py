@@ -200,11 +200,16 @@ return out""")
 
 
 def test_reporting_done_before_computing_the_outputs_is_tampering(ev):
-    """The runner's own harness rewritten so that it reports a call done at once and computes the answer
-    while the bytes are copied out: its outputs then differ from the commitment sent with "done"."""
+    """The runner's own harness rewritten so that it computes the answer when its bytes are read for the host:
+    either after "done" (then the outputs differ from the commitment sent with it: tampering) or, since the
+    commitment is a digest of the host bytes taken before "done", while the judge's clock still runs (then the
+    envelope counts the 20 ms a call). Never a correct answer with the work uncounted."""
     r = ev.evaluate(GELU, DONE_BEFORE_THE_WORK, config=TIMED)
-    assert r.status == "incorrect" and "tampering" in r.flags, (r.status, r.flags, r.error)
-    assert "committed" in r.error
+    if r.status == "incorrect":
+        assert "tampering" in r.flags and "committed" in r.error, (r.flags, r.error)
+    else:
+        assert r.status == "correct" and "side_stream" in r.flags, (r.status, r.flags, r.error)
+        assert r.runtime_ms >= 15.0, (r.runtime_ms, r.correctness.get("envelope"))
     honest_after(ev, TIMED)
 
 

@@ -1,0 +1,68 @@
+"""Keyed BLAKE2b digests of output bytes: what a runner commits to with "done" and the judge checks after.
+
+The commitment (and each spot-checked chunk's hash) must bind the exact bytes: a runner that reports "done"
+before its outputs exist, then computes them while they are copied out, must not find other bytes within the
+tolerance that give the digest it sent. A weighted sum of the output's words mod 2^63 (the first design) is
+linear: our round-3 red team nudged the low bits of 6-10 values per chunk (a 6-dimensional lattice, solved
+in the runner in milliseconds) so that the real answer, computed after "done", hashed to what "done" had
+committed for the input itself (tests/adversarial/test_redteam_round3.py). Any sum of per-word values falls
+to the same kind of attack (Wagner's k-list algorithm) when every word has hundreds of values inside the
+tolerance. BLAKE2b, keyed by the call's nonce, output and chunk, has no such structure.
+
+Outputs are hashed on the host, in 8 MB pieces on threads (hashlib releases the GIL), the pieces' digests
+hashed again: a tree whose root binds every byte, its length and position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+
+PIECE_BYTES = 8 << 20
+MASK = (1 << 63) - 1  # digests travel as JSON integers below 2^63
+THREADS = 8
+
+
+def _key(nonce: int, k: int, chunk: int = -1) -> bytes:
+    return (b"kb" + (nonce & ((1 << 64) - 1)).to_bytes(8, "little") + k.to_bytes(4, "little", signed=True)
+            + chunk.to_bytes(8, "little", signed=True))
+
+
+def bytes_digest(view: memoryview, key: bytes) -> int:
+    """The keyed digest of ``view``'s bytes as an integer below 2^63."""
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if len(view) <= PIECE_BYTES:
+        root = hashlib.blake2b(view, digest_size=16, key=key, person=b"kb-leaf")
+    else:
+        pieces = [view[i:i + PIECE_BYTES] for i in range(0, len(view), PIECE_BYTES)]
+        with ThreadPoolExecutor(min(THREADS, len(pieces))) as pool:  # joined on exit: no thread outlives a call
+            leaves = list(pool.map(lambda p: hashlib.blake2b(p, digest_size=32, key=key, person=b"kb-leaf")
+                                   .digest(), pieces))
+        root = hashlib.blake2b(b"".join(leaves) + len(view).to_bytes(8, "little"), digest_size=16, key=key,
+                               person=b"kb-root")
+    return int.from_bytes(root.digest()[:8], "little") & MASK
+
+
+def commitment_of(views: list[memoryview], nonce: int) -> int:
+    """The commitment to a call's outputs (their host bytes, in order)."""
+    digests = b"".join(bytes_digest(v, _key(nonce, k)).to_bytes(8, "little") + len(v.cast("B") if v.ndim != 1
+                                                                                   else v).to_bytes(8, "little")
+                       for k, v in enumerate(views))
+    return int.from_bytes(hashlib.blake2b(digests, digest_size=16, key=_key(nonce, -1), person=b"kb-all")
+                          .digest()[:8], "little") & MASK
+
+
+def chunk_digests(view: memoryview, nonce: int, k: int, chunk_bytes: int) -> list[int]:
+    """One digest per ``chunk_bytes`` of output ``k``'s bytes (the last chunk may be shorter)."""
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    starts = range(0, len(view), chunk_bytes)
+    if len(view) <= PIECE_BYTES:
+        return [bytes_digest(view[s:s + chunk_bytes], _key(nonce, k, j)) for j, s in enumerate(starts)]
+    with ThreadPoolExecutor(THREADS) as pool:
+        return list(pool.map(lambda js: bytes_digest(view[js[1]:js[1] + chunk_bytes], _key(nonce, k, js[0])),
+                             enumerate(starts)))
+
+
+def chunk_digest(chunk: memoryview, nonce: int, k: int, j: int) -> int:
+    """The digest of chunk ``j`` of output ``k``, as chunk_digests computes it."""
+    return bytes_digest(chunk, _key(nonce, k, j))
