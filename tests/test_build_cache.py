@@ -114,7 +114,7 @@ def test_a_precompiled_header_is_built_once_beside_the_cache_and_speeds_up_later
         assert a.status == "correct", a.error
         if not a.worker["landlock"]:
             pytest.skip("no Landlock here: an unconfined runner gets no precompiled header")
-        assert a.worker["pch"] == {"used": [], "wanted": ["cpp"]}
+        assert a.worker["pch"] == {"used": [], "wanted": ["cpp"], "removed": []}
         deadline = time.monotonic() + 300
         while not list(tmp_path.glob("pch/*/cpp/ready")) and time.monotonic() < deadline:
             assert not list(tmp_path.glob("pch/*/cpp.failed")), list(tmp_path.glob("pch/*/*.log"))[0].read_text()
