@@ -35,9 +35,14 @@ def _key(nonce: int, k: int, chunk: int = -1) -> bytes:
             + chunk.to_bytes(8, "little", signed=True))
 
 
+def _flat(view: memoryview) -> memoryview:
+    """``view`` as flat bytes, so that slices are byte ranges."""
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def bytes_digest(view: memoryview, key: bytes) -> int:
     """The keyed digest of ``view``'s bytes as an integer below 2^63."""
-    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    view = _flat(view)
     if len(view) <= PIECE_BYTES:
         root = hashlib.blake2b(view, digest_size=16, key=key, person=b"kb-leaf")
     else:
@@ -52,8 +57,7 @@ def bytes_digest(view: memoryview, key: bytes) -> int:
 
 def commitment_of(views: list[memoryview], nonce: int) -> int:
     """The commitment to a call's outputs (their host bytes, in order)."""
-    digests = b"".join(bytes_digest(v, _key(nonce, k)).to_bytes(8, "little") + len(v.cast("B") if v.ndim != 1
-                                                                                   else v).to_bytes(8, "little")
+    digests = b"".join(bytes_digest(v, _key(nonce, k)).to_bytes(8, "little") + v.nbytes.to_bytes(8, "little")
                        for k, v in enumerate(views))
     return int.from_bytes(hashlib.blake2b(digests, digest_size=16, key=_key(nonce, -1), person=b"kb-all")
                           .digest()[:8], "little") & MASK
@@ -61,7 +65,7 @@ def commitment_of(views: list[memoryview], nonce: int) -> int:
 
 def chunk_digests(view: memoryview, nonce: int, k: int, chunk_bytes: int) -> list[int]:
     """One digest per ``chunk_bytes`` of output ``k``'s bytes (the last chunk may be shorter)."""
-    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    view = _flat(view)
     starts = range(0, len(view), chunk_bytes)
     if len(view) <= PIECE_BYTES:
         return [bytes_digest(view[s:s + chunk_bytes], _key(nonce, k, j)) for j, s in enumerate(starts)]

@@ -237,7 +237,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())
             result["compiled"] = True
-            _build_wanted_headers(used, tools, device)
+            if headers is not None:  # what its builds wanted, built in the background for the next (pch.py)
+                for variant in used["wanted"]:
+                    pch.start_build(headers, variant)
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
                 with runner.frozen(wait=True) as still:
                     if still:
@@ -324,15 +326,6 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
     return calibration
-
-
-def _build_wanted_headers(record: dict[str, list[str]], tools: str, device: torch.device) -> None:
-    """The precompiled headers the candidate's builds would have used, built now in the background for the
-    next ones (pch.py); the runner's list holds known variant names only (runner_client._pch_record)."""
-    root = pch.root_for(build_cache.extensions_root(), tools, device.type)
-    if root is not None:
-        for variant in record["wanted"]:
-            pch.start_build(root, variant)
 
 
 def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,

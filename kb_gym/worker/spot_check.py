@@ -42,9 +42,7 @@ def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHU
     return [chunk_digests(host_bytes(t), nonce, k, chunk_bytes) for k, t in enumerate(tensors)]
 
 
-def chunk_hash(chunk: memoryview, nonce: int, k: int, j: int) -> int:
-    """The digest of chunk ``j`` of output ``k`` (its raw bytes), as chunk_hashes computes it."""
-    return chunk_digest(chunk, nonce, k, j)
+chunk_hash = chunk_digest  # chunk_hash(raw bytes of chunk j of output k, nonce, k, j), as chunk_hashes computes it
 
 
 def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) -> None:

@@ -79,17 +79,6 @@ def host_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(host.reshape(-1).view(torch.uint8).numpy())
 
 
-def byte_views(meta: list[dict[str, Any]], data: Any) -> list[memoryview]:
-    """The bytes of each described output within ``data`` (bytes, a memoryview or a CPU uint8 tensor)."""
-    if isinstance(data, torch.Tensor):
-        data = data.numpy() if data.numel() else b""
-    whole, out, offset = memoryview(data).cast("B"), [], 0
-    for item in meta:
-        out.append(whole[offset:offset + item["nbytes"]])
-        offset += item["nbytes"]
-    return out
-
-
 # The judge lives long and torch's host allocator keeps what it pinned: outputs up to this size are read
 # into page-locked memory (a direct copy to the GPU), larger ones into pageable memory.
 PINNED_RECEIVE_BYTES = 256 << 20
