@@ -12,11 +12,10 @@ tolerance. BLAKE2b, keyed by the call's nonce, output and chunk, has no such str
 Outputs are hashed on the host, in 8 MB pieces on threads (hashlib releases the GIL), the pieces' digests
 hashed again: a tree whose root binds every byte, its length and position.
 
-What it costs (open, docs/integrity.md): the host copy and the digest now run before "done", inside the judge's
-envelope of every timed call. The calibration takes the same path, so the time is not charged to the candidate,
-but the envelope's tolerance grows with it (2% of the calibrated overhead, 4 x its spread): for outputs of
-hundreds of MB, milliseconds of work a call could hide there instead of 0.3 ms. The fix is a digest on the
-device (a fused keyed hash kernel), not a sum of words.
+Outputs that live on a GPU are hashed there instead when the judge has checked the device kernel
+(device_digest.py: the same idea, BLAKE2s in tree mode): no host copy before "done", and milliseconds
+instead of tens of them for hundreds of MB. This module is the host path: CPU outputs, and GPUs where the
+kernel is not available.
 """
 
 from __future__ import annotations
@@ -55,12 +54,16 @@ def bytes_digest(view: memoryview, key: bytes) -> int:
     return int.from_bytes(root.digest()[:8], "little") & MASK
 
 
-def commitment_of(views: list[memoryview], nonce: int) -> int:
-    """The commitment to a call's outputs (their host bytes, in order)."""
-    digests = b"".join(bytes_digest(v, _key(nonce, k)).to_bytes(8, "little") + v.nbytes.to_bytes(8, "little")
-                       for k, v in enumerate(views))
-    return int.from_bytes(hashlib.blake2b(digests, digest_size=16, key=_key(nonce, -1), person=b"kb-all")
+def commitment_of(digests: list[int], sizes: list[int], nonce: int) -> int:
+    """The commitment to a call's outputs from each output's digest and byte count, in order."""
+    joined = b"".join(d.to_bytes(8, "little") + n.to_bytes(8, "little") for d, n in zip(digests, sizes, strict=True))
+    return int.from_bytes(hashlib.blake2b(joined, digest_size=16, key=_key(nonce, -1), person=b"kb-all")
                           .digest()[:8], "little") & MASK
+
+
+def output_digest(view: memoryview, nonce: int, k: int) -> int:
+    """The digest of output ``k``'s host bytes."""
+    return bytes_digest(view, _key(nonce, k))
 
 
 def chunk_digests(view: memoryview, nonce: int, k: int, chunk_bytes: int) -> list[int]:

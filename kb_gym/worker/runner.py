@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import pch
+from kb_gym.worker import device_digest, pch
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
@@ -201,13 +201,16 @@ class Runner:
                 event_ms = host_ms = None
             structure, flat = flatten_plain(out)
             meta = describe(flat)
-            # on the host once: hashed before "done", then sent (or held for the chunks) from these copies
-            flat = [on_host(t) for t in flat]
+            launches, backends = self.counter.count, sorted(self.counter.backends)  # not the digest's own
+            on_device = msg.get("digest") == "device" and device_digest.applies_to(self.device)
+            if not on_device:  # on the host once: hashed before "done", then sent (or held) from these copies
+                flat = [on_host(t) for t in flat]
             chunk_bytes = int(msg.get("chunk_bytes") or 0) if timed else 0
+            nonce = int(msg.get("nonce", 0))
             if chunk_bytes:
-                hashes, digest = chunk_hashes(flat, int(msg.get("nonce", 0)), chunk_bytes), None
+                hashes, digest = chunk_hashes(flat, nonce, chunk_bytes, on_device), None
             else:
-                hashes, digest = None, commitment(flat, int(msg.get("nonce", 0)))
+                hashes, digest = None, commitment(flat, nonce, on_device)
         except (TypeError, ValueError) as exc:
             if "forward returned" in str(exc):
                 self.send({"type": "error", "status": "incorrect", "error": str(exc)})
@@ -220,7 +223,7 @@ class Runner:
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
         done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "outputs": meta,
-                "commitment": digest, "launches": self.counter.count, "backends": sorted(self.counter.backends),
+                "commitment": digest, "launches": launches, "backends": backends,
                 "mutated": mutated, "numerics_changed": _numerics() != self.numerics}
         if hashes is not None:  # the judge picks the chunks it wants now that their hashes are fixed
             self.held = flat
@@ -330,7 +333,11 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_sockets_and_ptrace())
-    send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started})
+    # The digest kernel loaded now (from the Triton cache the judge seeded), not in the first call.
+    on_device = (os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
+                 and device_digest.warm(torch.device(device)))
+    send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started,
+          "device_digest": on_device})
     reader = MessageReader(proto_in)
     while True:
         try:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, payload, pch
+from kb_gym.worker import build_cache, device_digest, payload, pch
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -35,7 +35,6 @@ from kb_gym.worker.tensors import (
     commitment,
     decode,
     expected_nbytes,
-    host_bytes,
     receive_buffer,
 )
 
@@ -116,6 +115,11 @@ class RunnerProcess:
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
 
         env = runner_env(device, self.scratch)
+        if device_digest.trusted(self.torch_device):  # outputs hashed on the GPU (device_digest.py)
+            device_digest.seed(self.scratch / "triton")
+            env[device_digest.ENV_WARM] = "1"
+            env[device_digest.ENV_SWITCH] = os.environ.get(device_digest.ENV_SWITCH, "1")
+        self.device_digest = False  # until the runner says it loaded the kernel
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
@@ -185,6 +189,7 @@ class RunnerProcess:
             raise StageError("crash", f"a {'forked ' if self.forked else ''}runner for {self.device} failed to "
                                       f"start: {said} {log[-1500:]}".strip())
         self.info = msg
+        self.device_digest = bool(msg.get("device_digest")) and device_digest.trusted(self.torch_device)
         rtts = []
         for _ in range(7):
             t0 = time.perf_counter()
@@ -269,7 +274,7 @@ class RunnerProcess:
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce,
-                    "chunk_bytes": chunk_bytes if timed else 0})
+                    "chunk_bytes": chunk_bytes if timed else 0, "digest": "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         if msg.get("type") == "error":
@@ -284,7 +289,7 @@ class RunnerProcess:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
-            if commitment(tensors, nonce) != msg.get("commitment"):
+            if commitment(tensors, nonce, self.device_digest) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
                                  "when it reported the call done: its time did not cover computing them",
                                  flags=("tampering",))
@@ -330,7 +335,7 @@ class RunnerProcess:
                         raw, self.torch_device)
         chunks = []
         for (k, j), piece in zip(want, pieces, strict=True):
-            if chunk_hash(host_bytes(piece), nonce, k, j) != msg["chunk_hashes"][k][j]:
+            if chunk_hash(piece, nonce, k, j, chunk_bytes, self.device_digest) != msg["chunk_hashes"][k][j]:
                 raise StageError("incorrect", "a chunk the runner sent is not the one it had hashed when it reported "
                                  "the call done: its time did not cover computing it", flags=("tampering",))
             dtype = WIRE_DTYPES[meta[k]["dtype"]]

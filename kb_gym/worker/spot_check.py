@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kb_gym.worker import device_digest
 from kb_gym.worker.digest import chunk_digest, chunk_digests
 from kb_gym.worker.tensors import host_bytes
 
@@ -36,13 +37,20 @@ def chunk_size(output_bytes: int) -> int:
     return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, output_bytes // 64 // 16 * 16))
 
 
-def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
-    """Per output, one keyed digest per ``chunk_bytes`` of its host bytes (the last chunk may be shorter);
-    ``tensors`` are best already on the host (``on_host``): a GPU tensor is copied here."""
-    return [chunk_digests(host_bytes(t), nonce, k, chunk_bytes) for k, t in enumerate(tensors)]
+def chunk_hashes(tensors: list[torch.Tensor], nonce: int, chunk_bytes: int = CHUNK_BYTES,
+                 on_device: bool = False) -> list[list[int]]:
+    """Per output, one keyed digest per ``chunk_bytes`` of its bytes (the last chunk may be shorter): on its GPU
+    where ``on_device`` (device_digest.py, every chunk in the same launches), else of its host bytes (a GPU
+    tensor is copied here: best already on the host, ``on_host``)."""
+    return [device_digest.tree_digests(t, nonce, k, chunk_bytes) if on_device and device_digest.applies_to(t.device)
+            else chunk_digests(host_bytes(t), nonce, k, chunk_bytes) for k, t in enumerate(tensors)]
 
 
-chunk_hash = chunk_digest  # chunk_hash(raw bytes of chunk j of output k, nonce, k, j), as chunk_hashes computes it
+def chunk_hash(piece: torch.Tensor, nonce: int, k: int, j: int, chunk_bytes: int, on_device: bool = False) -> int:
+    """The digest of chunk ``j`` of output ``k`` (``piece``: its bytes, as a tensor), as chunk_hashes computes it."""
+    if on_device and device_digest.applies_to(piece.device):
+        return device_digest.tree_digests(piece, nonce, k, chunk_bytes, chunk_base=j)[0]
+    return chunk_digest(host_bytes(piece), nonce, k, j)
 
 
 def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) -> None:

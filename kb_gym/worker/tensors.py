@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker.digest import commitment_of
+from kb_gym.worker import device_digest
+from kb_gym.worker.digest import commitment_of, output_digest
 
 WIRE_DTYPES = MappingProxyType({
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -143,9 +144,17 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
     return out
 
 
-def commitment(tensors: list[torch.Tensor], nonce: int) -> int:
+def digest_of(t: torch.Tensor, nonce: int, k: int, on_device: bool) -> int:
+    """Output ``k``'s digest: on its GPU where ``on_device`` (device_digest.py), else of its host bytes."""
+    if on_device and device_digest.applies_to(t.device):
+        return device_digest.tree_digests(t, nonce, k)[0]
+    return output_digest(host_bytes(t), nonce, k)
+
+
+def commitment(tensors: list[torch.Tensor], nonce: int, on_device: bool = False) -> int:
     """A number that only the exact output bits give, keyed by a per-call nonce: the runner sends it with
     "done", the judge recomputes it from the bytes that arrive after. A runner that reports done before
     its outputs exist cannot know it, so the judge's clock, which stops on "done", covers the work. Keyed
-    BLAKE2b over the host bytes (digest.py: why not a sum of the words)."""
-    return commitment_of([host_bytes(t) for t in tensors], nonce)
+    BLAKE2 of each output's bytes (digest.py: why not a sum of the words), on the GPU where ``on_device``."""
+    return commitment_of([digest_of(t, nonce, k, on_device) for k, t in enumerate(tensors)],
+                         [t.numel() * t.element_size() for t in tensors], nonce)

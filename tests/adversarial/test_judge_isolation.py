@@ -203,10 +203,13 @@ def test_reporting_done_before_computing_the_outputs_is_tampering(ev):
     """The runner's own harness rewritten so that it computes the answer when its bytes are read for the host:
     either after "done" (then the outputs differ from the commitment sent with it: tampering) or, since the
     commitment is a digest of the host bytes taken before "done", while the judge's clock still runs (then the
-    envelope counts the 20 ms a call). Never a correct answer with the work uncounted."""
+    envelope counts the 20 ms a call). Where outputs are hashed on the GPU (device_digest.py) the harness
+    never reads them for the host before "done", so the hook only runs after it: the work is never done in
+    time and the answer the commitment binds is the empty one, wrong. Never a correct answer with the work
+    uncounted."""
     r = ev.evaluate(GELU, DONE_BEFORE_THE_WORK, config=TIMED)
     if r.status == "incorrect":
-        assert "tampering" in r.flags and "committed" in r.error, (r.flags, r.error)
+        assert ("tampering" in r.flags and "committed" in r.error) or "values differ" in r.error, (r.flags, r.error)
     else:
         assert r.status == "correct" and "side_stream" in r.flags, (r.status, r.flags, r.error)
         assert r.runtime_ms >= 15.0, (r.runtime_ms, r.correctness.get("envelope"))
