@@ -211,7 +211,7 @@ def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: 
            "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
            "speedups": speedups, "wall_s": statistics.median(w for _, w in evals), "reps": r.timing_reps,
            "speedup_spread": (max(speedups) - min(speedups)) / statistics.median(speedups) if speedups else None,
-           "envelope": r.correctness.get("envelope"),
+           "envelope": r.correctness.get("envelope"), "digest": (r.worker or {}).get("digest"),
            # where the wall goes (median per stage over the repeats): what an RL loop pays per evaluation
            "stage_seconds": {k: statistics.median(e.stage_seconds.get(k, 0.0) for e, _ in evals)
                              for k in r.stage_seconds}, **bare}
@@ -227,6 +227,8 @@ def format_row(row: dict[str, Any]) -> str:
     def f(v: Any, spec: str = ".4f") -> str:
         return format(v, spec) if isinstance(v, (int, float)) else "-"
 
+    env = row.get("envelope") or {}  # excess over the calibrated overhead / the tolerance it is held to
+
     return (f"{row['case']:<28} {row.get('preset', 'default'):<7} {row['status']:<9} "
             f"cand {f(row['eval_cand_ms'])} bare {f(row['cand_events_ms'])} "
             f"kb {f(row.get('cand_kb_events_ms'))} graph {f(row['cand_graph_ms'])} "
@@ -235,7 +237,9 @@ def format_row(row: dict[str, Any]) -> str:
             f"| speedup {f(row['speedup'], '.3f')} "
             f"bare {f(row.get('bare_speedup'), '.3f')} ratio {f(row.get('speedup_ratio'), '.3f')} "
             f"spread {f(row.get('speedup_spread'), '.3f')} wall {f(row['wall_s'], '.2f')}s "
-            f"flags {','.join(row['flags'])}"
+            f"flags {','.join(row['flags'])} "
+            f"envelope {f(env.get('excess_ms'), '.3f')}/{f(env.get('tolerance_ms'), '.3f')} ms "
+            f"digest {row.get('digest', '-')}"
             + "".join(f" {k} {v:.2f}" for k, v in (row.get("stage_seconds") or {}).items()))
 
 

@@ -88,15 +88,25 @@ def _word(src, at, ok):
 
 @triton.jit
 def _const(consts, i: tl.constexpr):
-    return tl.load(consts + i).to(tl.uint32, bitcast=True)
+    return tl.load(consts + i).to(tl.uint32)  # a word below 2^32 held in an int64
 
 
 @triton.jit
-def level(src, dst, consts, n_seg, cap, src_stride, full_bytes, last_bytes, depth, chunked, chunk_base,
-          BLOCK: tl.constexpr):
-    """One tree level: node g = (segment, index in it) of n_seg x cap; consts: the IV (8 words), the
+def level(src, dst, consts, BLOCK: tl.constexpr):
+    """One tree level: node g = (segment, index in it) of n_seg x cap. consts (int64): the IV (8 words), the
     parameter block XOR the IV for this depth (8), the IV's last word (chunked segments XOR their index,
-    counted from chunk_base)."""
+    counted from chunk_base), then n_seg, cap, src_stride, full_bytes, last_bytes, depth, chunked and
+    chunk_base. Sizes come through memory, not as arguments: Triton compiles a variant for each pattern of
+    integer arguments (equal to 1, divisible by 16), seconds each for this kernel (370 s for the self-check's
+    variants on the H200); pointers only vary by their alignment, which the caller keeps at 16 bytes."""
+    n_seg = tl.load(consts + 17)
+    cap = tl.load(consts + 18)
+    src_stride = tl.load(consts + 19)
+    full_bytes = tl.load(consts + 20)
+    last_bytes = tl.load(consts + 21)
+    depth = tl.load(consts + 22)
+    chunked = tl.load(consts + 23)
+    chunk_base = tl.load(consts + 24)
     g = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     seg = g // cap
     local = g % cap
@@ -123,7 +133,8 @@ def level(src, dst, consts, n_seg, cap, src_stride, full_bytes, last_bytes, dept
     h5 = zero ^ _const(consts, 13)
     h6 = zero ^ _const(consts, 14)
     h2 = local.to(tl.uint32) ^ _const(consts, 10)  # the node offset
-    h7 = tl.where(chunked != 0, (seg + chunk_base).to(tl.uint32) ^ _const(consts, 16), zero ^ _const(consts, 15))
+    h7 = tl.where((local * 0 + chunked) != 0, (seg + chunk_base).to(tl.uint32) ^ _const(consts, 16),
+                  zero ^ _const(consts, 15))
     n_blocks = tl.maximum((length + 63) // 64, 1)
     for b in range(16):
         on = active & (b < n_blocks)

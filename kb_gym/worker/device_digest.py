@@ -89,10 +89,13 @@ def _build() -> Any:
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as int32 words on its device, zero-padded to whole words (a copy only then)."""
+    """The tensor's bytes as int32 words on its device, zero-padded to whole words and 16-byte aligned (a copy
+    only where they are not)."""
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.numel() % 4:
         flat = torch.cat([flat, flat.new_zeros(4 - flat.numel() % 4)])
+    elif flat.data_ptr() % 16:  # a view into the middle of a buffer: one more compiled variant otherwise
+        flat = flat.clone()
     return flat.view(torch.int32)
 
 
@@ -122,12 +125,10 @@ def tree_digests(t: torch.Tensor, nonce: int, k: int, segment_bytes: int = 0, ch
     stride, depth = seg // 4, 0
     while True:
         cap = max(1, -(-full // LEAF_BYTES))
-        consts = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in _IV + tuple(_params(depth, nonce, k))],
-                              dtype=torch.int32).to(t.device)
+        consts = torch.tensor([*_IV, *_params(depth, nonce, k), n_seg, cap, stride, full, last, depth, chunked,
+                               chunk_base], dtype=torch.int64).to(t.device)
         dst = torch.empty(n_seg * cap * 8, dtype=torch.int32, device=t.device)
-        _kernel[(-(-n_seg * cap // BLOCK),)](src, dst, consts, n_seg, cap, stride, full, last, depth, chunked,
-                                             chunk_base,
-                                             BLOCK=BLOCK)
+        _kernel[(-(-n_seg * cap // BLOCK),)](src, dst, consts, BLOCK=BLOCK)
         if cap == 1:
             break
         full, last = cap * 32, max(1, -(-last // LEAF_BYTES)) * 32
@@ -188,15 +189,40 @@ def trusted(device: torch.device) -> bool:
         return False
     key = str(device)
     if key not in _trust:
-        cache = os.environ.get("TRITON_CACHE_DIR")
-        before = set(os.listdir(cache)) if cache and os.path.isdir(cache) else set()
         gpu = device.type == "cuda"
-        _trust[key] = self_check(device, CHECK_SIZES if gpu else QUICK_SIZES, kernel=gpu)
+        cache = _compile_cache()
+        own = os.environ.get("TRITON_CACHE_DIR")
+        if cache is not None:  # compiled into a folder of its own (Triton reads the variable at each compile)
+            os.environ["TRITON_CACHE_DIR"] = str(cache)
+        try:
+            _trust[key] = self_check(device, CHECK_SIZES if gpu else QUICK_SIZES, kernel=gpu)
+        finally:
+            if cache is not None:
+                os.environ.pop("TRITON_CACHE_DIR", None) if own is None else os.environ.update(TRITON_CACHE_DIR=own)
         if _trust[key] is not None:
             print(f"kb_gym: outputs on {key} are hashed on the host: {_trust[key]}", file=sys.stderr)
-        elif cache and os.path.isdir(cache) and not _seed:
-            _seed.extend(Path(cache) / name for name in sorted(set(os.listdir(cache)) - before))
+        elif cache is not None and not _seed:  # the kernel and Triton's launchers, compiled by the judge
+            _seed.extend(cache / name for name in sorted(os.listdir(cache)))
     return _trust[key] is None
+
+
+def _compile_cache() -> Path | None:
+    """Where the judge compiles the kernel: beside the build cache (written only by judges; runners get
+    copies), so that it is compiled once per machine and Triton version, not at every judge's start."""
+    from kb_gym.worker.build_cache import extensions_root
+
+    root = extensions_root()
+    if root is None:
+        return None
+    try:
+        import triton
+
+        version = triton.__version__
+    except ImportError:
+        return None
+    folder = root.parent / "digest_triton" / version
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def seed(triton_cache: Path) -> None:
