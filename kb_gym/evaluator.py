@@ -378,6 +378,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       digest="device" if runner.get("digest") == "device" else "host",
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []})
+        if runner.get("digest_note"):  # outputs on a GPU hashed on the host: why (device_digest.py)
+            fields["digest_note"] = str(runner["digest_note"])
         if runner.get("zygote_error"):
             fields["zygote_error"] = runner["zygote_error"]
     return fields

@@ -233,11 +233,18 @@ def seed(triton_cache: Path) -> None:
             shutil.copytree(entry, target)
 
 
-def warm(device: torch.device) -> bool:
+def warm(device: torch.device) -> str | None:
     """In a runner at start-up: load the kernel (from the seeded cache) and hash a few bytes with it, so that
-    no call pays for it; False where it fails (the judge then asks this runner for host digests)."""
+    no call pays for it. Why it failed, or None (the judge asks a runner that failed for host digests)."""
     try:
         tree_digests(torch.zeros(8, dtype=torch.uint8, device=device), 1, 0, kernel=device.type == "cuda")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {str(exc)[:500]}"
+    return None
+
+
+def why_not(device: torch.device) -> str:
+    """Why this process hashes ``device``'s outputs on the host ('' where it does not)."""
+    if not applies_to(device):
+        return "switched off" if os.environ.get(ENV_SWITCH) == "0" else ""
+    return _trust.get(str(device)) or ""

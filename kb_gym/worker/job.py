@@ -180,6 +180,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "build_cached": bool(result.get("build_cached")),
                                 "shm_payloads": runner.shm_payloads,
                                 "digest": "device" if runner.device_digest else "host",
+                                "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])}}
             runner.kill()
         state.clear()

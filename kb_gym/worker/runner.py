@@ -334,10 +334,10 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_sockets_and_ptrace())
     # The digest kernel loaded now (from the Triton cache the judge seeded), not in the first call.
-    on_device = (os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
-                 and device_digest.warm(torch.device(device)))
+    wanted = os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
+    digest_error = device_digest.warm(torch.device(device)) if wanted else None
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started,
-          "device_digest": on_device})
+          "device_digest": wanted and digest_error is None, "device_digest_error": digest_error})
     reader = MessageReader(proto_in)
     while True:
         try:

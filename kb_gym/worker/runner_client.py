@@ -120,6 +120,7 @@ class RunnerProcess:
             env[device_digest.ENV_WARM] = "1"
             env[device_digest.ENV_SWITCH] = os.environ.get(device_digest.ENV_SWITCH, "1")
         self.device_digest = False  # until the runner says it loaded the kernel
+        self.digest_note = ""
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
@@ -190,6 +191,9 @@ class RunnerProcess:
                                       f"start: {said} {log[-1500:]}".strip())
         self.info = msg
         self.device_digest = bool(msg.get("device_digest")) and device_digest.trusted(self.torch_device)
+        # why outputs on a GPU are hashed on the host after all: the judge's self-check, or the runner's load
+        self.digest_note = "" if self.device_digest else (device_digest.why_not(self.torch_device) or str(
+            msg.get("device_digest_error") or ""))[:600]
         rtts = []
         for _ in range(7):
             t0 = time.perf_counter()
