@@ -211,8 +211,8 @@ def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: 
            "eval_cand_ms": r.runtime_ms, "eval_ref_ms": r.ref_runtime_ms, "speedup": r.speedup,
            "speedups": speedups, "wall_s": statistics.median(w for _, w in evals), "reps": r.timing_reps,
            "speedup_spread": (max(speedups) - min(speedups)) / statistics.median(speedups) if speedups else None,
-           "envelope": r.correctness.get("envelope"), "digest": (r.worker or {}).get("digest"),
-           "digest_note": (r.worker or {}).get("digest_note", ""),
+           "envelope": r.correctness.get("envelope"), "digest": (getattr(r, "worker", None) or {}).get("digest"),
+           "digest_note": (getattr(r, "worker", None) or {}).get("digest_note", ""),
            # where the wall goes (median per stage over the repeats): what an RL loop pays per evaluation
            "stage_seconds": {k: statistics.median(e.stage_seconds.get(k, 0.0) for e, _ in evals)
                              for k in r.stage_seconds}, **bare}
