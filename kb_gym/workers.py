@@ -191,9 +191,15 @@ class WorkerHandle:
 
             root = psutil.Process(self.proc.pid)
             procs = [root, *root.children(recursive=True)]
-            return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
-        except Exception:  # noqa: BLE001 - a process vanished mid-walk
+        except Exception:  # noqa: BLE001 - the worker itself is gone
             return 0.0
+        total = 0
+        for p in procs:  # one by one: a runner that exits or lingers as a zombie mid-walk must not hide the rest
+            try:
+                total += p.memory_info().rss
+            except Exception:  # noqa: BLE001
+                continue
+        return total / 2**20
 
     def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float) -> dict[str, Any]:
         """Send a job and wait for its result; a dead, hung or bloated worker becomes a verdict.
