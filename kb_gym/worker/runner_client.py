@@ -75,6 +75,19 @@ class CallReply:
     numerics_changed: bool = False
 
 
+# What a runner owes after "done" (drawn chunks, the payload's bytes) is the judge's protocol, not the
+# candidate's time, so it may take longer than the stage has left; but only as long as moving the bytes can
+# take at a pessimistic rate: a runner that stalls there holds its judge seconds, not a minute per call.
+TRANSFER_FLOOR_S = 5.0
+TRANSFER_MIN_BYTES_PER_S = 100e6
+
+
+def transfer_wait(nbytes: int, timeout: float) -> float:
+    """Seconds to wait for ``nbytes`` owed after "done": the stage's ``timeout`` left, or where that is less,
+    what the bytes need at TRANSFER_MIN_BYTES_PER_S plus TRANSFER_FLOOR_S."""
+    return max(timeout, TRANSFER_FLOOR_S + max(0, nbytes) / TRANSFER_MIN_BYTES_PER_S)
+
+
 def runner_env(device: str, scratch: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", TORCHINDUCTOR_COMPILE_THREADS="1",
@@ -322,7 +335,7 @@ class RunnerProcess:
             raise WireError(str(exc)) from None
         want = pick_chunks(meta, chunk_bytes)
         self._send({"type": "chunks", "want": want, "chunk_bytes": chunk_bytes})
-        head = self._read(max(timeout, 60.0))
+        head = self._read(transfer_wait(len(want) * chunk_bytes, timeout))
         if head.get("type") == "error":
             raise StageError("incorrect", "the runner did not send the chunks asked for: "
                              + str(head.get("error", ""))[:2000], flags=("tampering",))
@@ -357,9 +370,9 @@ class RunnerProcess:
             return data, None
         # through the pipe: from the start, or after the shared copy failed in the runner
         if not reuse:
-            return self.reader.read_bytes(nbytes, max(timeout, 60.0)), None
+            return self.reader.read_bytes(nbytes, transfer_wait(nbytes, timeout)), None
         data, into = self._receive_buffer(nbytes)
-        self.reader.read_bytes(nbytes, max(timeout, 60.0), into=into)
+        self.reader.read_bytes(nbytes, transfer_wait(nbytes, timeout), into=into)
         return data, into
 
     def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor | None:
@@ -367,7 +380,7 @@ class RunnerProcess:
         when it says they follow through the pipe instead (its copy into the memfd failed)."""
         if self.payload is None:
             raise WireError("the runner sent its outputs through shared memory it was never given")
-        msg = self._read(max(timeout, 60.0))
+        msg = self._read(transfer_wait(nbytes, timeout))
         if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
             raise WireError(f"expected the outputs' {nbytes:,} bytes in shared memory, got {str(msg)[:200]}")
         if msg.get("via") == "pipe":

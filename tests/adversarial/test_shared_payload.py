@@ -139,3 +139,29 @@ def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
         assert not {"tampering"} & set(r.flags)
     honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
     assert honest.status == "correct" and "tampering" not in honest.flags, honest.error
+
+
+# Seals the memfd, so that the runner says its bytes follow through the pipe; then stalls in writing them.
+STALL_AFTER_DONE = '''
+        import fcntl, os, time
+        for fd in range(3, 64):
+            try:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
+            except OSError:
+                pass
+        if not getattr(os, "_stalls", False):
+            plain = os.write
+            os.write = lambda fd, data: time.sleep(3600) if len(data) > 1 << 20 else plain(fd, data)
+            os._stalls = True'''
+
+
+def test_a_runner_that_stalls_after_done_holds_the_judge_no_longer_than_the_stage_or_the_bytes_need(ev):
+    short = CONFIG.replace(correctness_timeout=8.0, timing=False)
+    r = ev.evaluate(SIX_MB, _candidate(STALL_AFTER_DONE), config=short)
+    assert r.status in ("timeout", "crash"), (r.status, r.error)
+    # The 8 s stage, or 5 s plus 6 MB at 100 MB/s after "done" (runner_client.transfer_wait); measured 11-12 s
+    # in all. A minute's wait was cut only by the stage watchdog's 10 s of grace: 22 s.
+    waited = r.stage_seconds["total"] - r.stage_seconds.get("load", 0.0)
+    assert waited < 17, (r.stage_seconds, r.status, r.error)
+    honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
+    assert honest.status == "correct", honest.error
