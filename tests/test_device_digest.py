@@ -10,6 +10,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +77,26 @@ def test_the_kernel_gives_hashlibs_digests_on_the_gpu_and_is_fast():
     chunked = device_digest.tree_digests(big, 2, 0, 1 << 20)
     print(f"device digest of 512 MB: {ms:.2f} ms; {len(chunked)} chunk digests")
     assert len(chunked) == 512
+
+
+def test_a_seeded_runner_cache_names_only_its_own_copies(tmp_path, monkeypatch):
+    """Triton's group files list their files by absolute path; a runner Landlocked to its scratch folder
+    cannot open the judge's, so the copies must name the copies (on the H200 every kernel load failed so)."""
+    import json
+
+    judge = tmp_path / "judge" / "ABC"
+    judge.mkdir(parents=True)
+    (judge / "level.json").write_text("{}")
+    (judge / "level.cubin").write_bytes(b"\0")
+    (judge / "__grp__level.json").write_text(json.dumps({"child_paths": {
+        "level.json": str(judge / "level.json"), "level.cubin": str(judge / "level.cubin")}}))
+    odd = tmp_path / "judge" / "ODD"
+    odd.mkdir()
+    (odd / "__grp__x.json").write_text("not json")
+    monkeypatch.setattr(device_digest, "_seed", [judge, odd])
+    runner = tmp_path / "runner" / "triton"
+    device_digest.seed(runner)
+    paths = json.loads((runner / "ABC" / "__grp__level.json").read_text())["child_paths"]
+    assert paths == {"level.json": str(runner / "ABC" / "level.json"), "level.cubin": str(runner / "ABC" / "level.cubin")}
+    assert all(Path(p).exists() for p in paths.values())
+    assert not (runner / "ODD" / "__grp__x.json").exists()  # an unknown layout: compiled again, not misread

@@ -229,6 +229,24 @@ def seed(triton_cache: Path) -> None:
         target = triton_cache / entry.name
         if entry.is_dir() and not target.exists():
             shutil.copytree(entry, target)
+            for group in target.glob("__grp__*.json"):
+                _repoint(group, entry, target)
+
+
+def _repoint(group: Path, source: Path, target: Path) -> None:
+    """Point a copied Triton group file at the copies. It lists its files by absolute path, so the runner's
+    Triton would open the judge's folder, which Landlock keeps it from reading (found on the H200: every
+    runner's kernel load failed with PermissionError, and every output was hashed on the host)."""
+    import json
+
+    try:
+        data = json.loads(group.read_text())
+        paths = data["child_paths"]
+        data["child_paths"] = {name: str(target / Path(p).relative_to(source)) if Path(p).is_relative_to(source)
+                               else p for name, p in paths.items()}
+        group.write_text(json.dumps(data))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a layout we know
+        group.unlink(missing_ok=True)  # a cache miss: the runner's Triton compiles the kernel in its own folder
 
 
 def warm(device: torch.device) -> str | None:
