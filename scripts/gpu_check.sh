@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: stash / ray (Ray in two calls: see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: stash / ray (Ray in two calls: see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -51,6 +51,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     wire) python3 -P scripts/gpu_wire_profile.py ;;
     envelope) python3 -P scripts/gpu_envelope_diag.py ;;
     digest) python3 -P scripts/gpu_digest_diag.py ;;
+    solutions) python3 -P scripts/solution_speedups.py --size gpu --out "$OUT/solutions.json" ;;
     payload) python3 -P scripts/payload_bench.py --mb 1024 && python3 -P scripts/payload_bench.py --mb 64 ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;

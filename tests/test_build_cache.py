@@ -32,12 +32,14 @@ def test_two_evaluators_given_the_same_new_source_build_it_once(monkeypatch, tmp
     same moment: one builds, the other waits for it and loads its build."""
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     source = CPP_EXTENSION.replace("guard_gelu_cpu", "built_once_gelu")
+    # The waiting judge's load stage covers the other's whole cold build (17-34 s alone, over 60 s on two busy cores)
+    config = CHECK.replace(load_timeout=300)
     with Evaluator("cpu", results_path=False) as a, Evaluator("cpu", results_path=False) as b:
         a.warm()
         b.warm()
         results = {}
         threads = [threading.Thread(target=lambda name, ev: results.__setitem__(name, ev.evaluate(GELU, source,
-                                                                                                  config=CHECK)),
+                                                                                                  config=config)),
                                     args=(name, ev)) for name, ev in (("a", a), ("b", b))]
         for t in threads:
             t.start()
