@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym.worker import build_cache, pch
-from kb_gym.worker.checks import compare_outputs, flatten_outputs
+from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, run_trials
 from kb_gym.worker.float64 import judge
@@ -343,14 +343,15 @@ def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
     return ctx.compiled_baselines[key]
 
 
-def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess | None,
-            dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any],
-            deadline: float) -> None:
-    cfg = job["config"]
-    baseline_fn = ref_model
-    if cfg["baseline"] == "compile":
-        baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
-    cached = job.get("cached_baseline") if runner is not None else None
+OutputCheck = Callable[[Any, Any, int], "str | None"]  # (candidate's outputs, reference's, seed) -> why wrong
+
+
+def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype: torch.dtype, atol: float,
+                       rtol: float, result: dict[str, Any], state: dict[str, Any]) -> OutputCheck:
+    """How a timed call's outputs are checked against the reference's on the same seed: why they are wrong, or
+    None. A narrow miss gets the float64 second opinion here too, whether or not the correctness trials needed
+    it: their few inputs can all fall where the fp32 reference is exact, and then a kernel more exact than the
+    reference failed on a timed call (found on the H200: a float64-accumulating mat-vec at K = 65536)."""
 
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
         if isinstance(cand_out, SampledOutputs):
@@ -360,10 +361,24 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             cmp = compare_outputs([values for _, _, values in cand_out.chunks], ref_pieces, atol, rtol)
             return None if cmp.ok else f"on chunks drawn after the call: {cmp.reason}"
         cmp = compare_outputs(cand_out, ref_out, atol, rtol)
-        if not cmp.ok and "ill_conditioned" in result["flags"]:
-            inputs = make_inputs(ref_mod, seed, ctx.device, dtype)
-            cmp = judge(ctx.device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
+        if not cmp.ok and near_miss(cmp):
+            inputs = make_inputs(ref_mod, seed, device, dtype)
+            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
         return None if cmp.ok else cmp.reason
+
+    return check
+
+
+def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess | None,
+            dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any],
+            deadline: float) -> None:
+    cfg = job["config"]
+    baseline_fn = ref_model
+    if cfg["baseline"] == "compile":
+        baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
+    cached = job.get("cached_baseline") if runner is not None else None
+
+    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state)
 
     def call_timeout() -> float:
         left = deadline - time.monotonic()

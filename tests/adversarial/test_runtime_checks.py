@@ -312,3 +312,30 @@ def test_a_typical_answer_fails_where_answers_move_by_about_the_tolerance(ev):
         assert r.status == "incorrect" or "unverifiable_output" in r.flags, (seed, r.status, r.flags)
     honest = ev.evaluate(problem, _candidate("x.sum(dim=1) / x.shape[1] * 0.015 + 1.0"), seed=35, config=CHECK)
     assert honest.status == "correct" and "unverifiable_output" not in honest.flags, (honest.error, honest.flags)
+
+
+def test_a_timed_call_that_misses_narrowly_gets_the_float64_opinion_the_trials_did_not_need():
+    """The correctness trials' few inputs can all fall where the fp32 reference is exact; then a timed call's
+    inputs fall where it is not, and a kernel more exact than the reference failed there (the H200: a mat-vec
+    summing in float64 at K = 65536). Each timed call's narrow miss gets the same second opinion."""
+    import torch
+
+    from kb_gym.worker.inputs import init_model, make_inputs
+    from kb_gym.worker.job import timed_output_check
+    from kb_gym.worker.loading import load_source
+
+    device, dtype = torch.device("cpu"), torch.float32
+    module = load_source(CANCELLING_SUM.code, "kb_test_cancelling_sum")
+    model = init_model(module, module.Model, 0, device, dtype)
+    result: dict = {"flags": []}  # the trials passed without needing float64: no ill_conditioned yet
+    check = timed_output_check(device, module, model, dtype, 1e-4, 1e-4, result, {})
+    seed = 11
+    (x,) = make_inputs(module, seed, device, dtype)
+    with torch.no_grad():
+        ref = model(x)
+    exact = x.double().sum(1).float()
+    assert not torch.allclose(exact, ref, atol=1e-4, rtol=1e-4)  # the reference is off on this call's inputs
+    assert check(exact, ref, seed) is None and "ill_conditioned" in result["flags"]
+    wrong = exact + (torch.arange(x.shape[0]) % 50 == 0).float()
+    assert "float64" in (check(wrong, ref, seed) or "")
+    assert check(torch.zeros_like(ref), ref, seed)  # a far miss needs no second opinion to fail
