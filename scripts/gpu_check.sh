@@ -5,7 +5,7 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
+#   Knobs: SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
 #   AUDIT_RETRY_SECONDS, PYTEST_ARGS, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
@@ -51,7 +51,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     wire) python3 -P scripts/gpu_wire_profile.py ;;
     envelope) python3 -P scripts/gpu_envelope_diag.py ;;
     digest) python3 -P scripts/gpu_digest_diag.py ;;
-    solutions) python3 -P scripts/solution_speedups.py --size gpu --out "$OUT/solutions.json" ;;
+    solutions) python3 -P scripts/solution_speedups.py --size gpu ${SOLUTIONS_ONLY:+--only "$SOLUTIONS_ONLY"} \
+                 --out "$OUT/solutions.json" ;;
     payload) python3 -P scripts/payload_bench.py --mb 1024 && python3 -P scripts/payload_bench.py --mb 64 ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
