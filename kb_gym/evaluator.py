@@ -377,7 +377,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       build_cached=bool(runner.get("build_cached")),
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       digest="device" if runner.get("digest") == "device" else "host",
-                      pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []})
+                      pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},
+                      headers=list(runner.get("headers") or []))
         if runner.get("digest_note"):  # outputs on a GPU hashed on the host: why (device_digest.py)
             fields["digest_note"] = str(runner["digest_note"])
         if runner.get("zygote_error"):

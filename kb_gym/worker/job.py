@@ -181,7 +181,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "shm_payloads": runner.shm_payloads,
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
-                                "pch": {**runner.pch, "removed": state.get("pch_removed", [])}}
+                                "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
+                                "headers": runner.headers}
             runner.kill()
         state.clear()
         ctx.jobs_done += 1

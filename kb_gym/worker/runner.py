@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import device_digest, pch
+from kb_gym.worker import device_digest, header_diet, pch
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
@@ -151,12 +151,15 @@ class Runner:
         cand_path = self.scratch / "candidate.py"
         cand_path.write_text(msg["source"])
         self.candidate_file = str(cand_path)
+        self.headers: list[str] = []  # the header diet of each CUDA build (header_diet.py)
+        if may_build(msg["source"]) and os.environ.get(header_diet.ENV_SWITCH, "1") != "0":
+            header_diet.install(self.headers)
         self.pch = pch.install(self.pch_root) if self.pch_root is not None and may_build(msg["source"]) else None
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
         except BaseException as exc:  # noqa: BLE001
             return {"type": "loaded", "status": "compile_error", "error": trim_traceback(exc, str(cand_path)),
-                    "pch": self.pch}
+                    "pch": self.pch, "headers": self.headers}
         cls = getattr(cand_mod, "ModelNew", None)
         if not isinstance(cls, type):
             return {"type": "loaded", "status": "format_error", "error": "the code runs but defines no class ModelNew"}
@@ -172,7 +175,7 @@ class Runner:
                     "error": "constructing ModelNew failed:\n" + trim_traceback(exc, str(cand_path))}
         if not callable(self.model):
             return {"type": "loaded", "status": "compile_error", "error": "ModelNew(...) is not callable"}
-        return {"type": "loaded", "status": "ok", "pch": self.pch}
+        return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
         reference = msg.get("target") == "reference"

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, payload, pch
+from kb_gym.worker import build_cache, device_digest, header_diet, payload, pch
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -141,6 +141,7 @@ class RunnerProcess:
         self.payload = payload.PayloadReader(payload_fd) if payload_fd is not None else None
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
+        self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
             extra = [payload_fd] if payload_fd is not None else []
@@ -279,6 +280,7 @@ class RunnerProcess:
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
         self.pch = _pch_record(reply.get("pch"))
+        self.headers = header_diet.record_of(reply.get("headers"))
         if reply.get("status") != "ok":
             raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
         return self.pch

@@ -184,6 +184,28 @@ def test_load_inline_builds_and_same_name_extensions_do_not_collide(ev, relu):
     assert third.status == "correct", third.error
 
 
+def test_cuda_builds_go_on_a_header_diet_and_stay_correct(ev, relu):
+    """header_diet.py: the KernelBench pattern is built without torch/extension.h in its .cu, kernels that name
+    nothing of torch without torch/types.h, a .cu that needs the whole API as written; all three correct."""
+    import time
+
+    from kb_gym.problems import get_problem, load_problems
+    from kb_gym.problems.solutions import solution_backend, solution_files
+
+    trimmed = ev.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "(1.0f + 0.0f)"))
+    assert trimmed.status == "correct" and trimmed.worker["headers"] == ["trimmed"], (trimmed.error, trimmed.worker)
+    whole = ev.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "(1.0f - 0.0f)").replace(
+        "auto y = torch::empty_like(x);", "torch::NoGradGuard g; auto y = torch::empty_like(x);"))
+    assert whole.status == "correct" and whole.worker["headers"] == ["as written"], (whole.error, whole.worker)
+    path = next(f for f in solution_files("cuda") if solution_backend(f) == "cuda" and "42_RMSNorm" in f.name)
+    problem = get_problem(load_problems("builtin", size="cpu"), name=f"{path.parent.name}/{path.stem}")
+    t0 = time.perf_counter()
+    lean = ev.evaluate(problem, path.read_text() + "\n# a source the build cache has not seen\n")
+    print(f"load s: trimmed {trimmed.stage_seconds.get('load'):.1f}, as written {whole.stage_seconds.get('load'):.1f}, "
+          f"lean {lean.stage_seconds.get('load'):.1f} ({time.perf_counter() - t0:.1f} s in all)")
+    assert lean.status == "correct" and lean.worker["headers"] == ["lean"], (lean.error, lean.worker)
+
+
 def test_two_workers_build_cuda_side_by_side_and_take_turns_on_the_gpu(relu, tmp_path):
     """workers_per_device=2: two fresh load_inline builds (tens of seconds of nvcc each) overlap, the
     GPU stages do not, and both kernels are judged as one worker would judge them."""
