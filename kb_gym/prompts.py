@@ -75,9 +75,10 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
+# The kernel and its launcher name nothing of torch: nvcc then compiles no torch headers (seconds, not a minute).
 cuda_source = r"""
-#include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
+#include <cstdint>
 
 __global__ void scale_add_relu_kernel(const float* x, const float* y, float* out, float scale, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -87,21 +88,30 @@ __global__ void scale_add_relu_kernel(const float* x, const float* y, float* out
     }
 }
 
+void scale_add_relu_launch(const float* x, const float* y, float* out, float scale, int64_t n, cudaStream_t stream) {
+    const int threads = 256;
+    const int blocks = (int)((n + threads - 1) / threads);
+    scale_add_relu_kernel<<<blocks, threads, 0, stream>>>(x, y, out, scale, n);
+}
+"""
+
+# The torch side: checks, allocation and the stream, compiled as C++.
+cpp_source = r"""
+#include <ATen/cuda/CUDAContext.h>
+#include <cstdint>
+
+void scale_add_relu_launch(const float* x, const float* y, float* out, float scale, int64_t n, cudaStream_t stream);
+
 torch::Tensor scale_add_relu(torch::Tensor x, torch::Tensor y, double scale) {
     TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float32 CUDA tensor");
     auto xc = x.contiguous();
     auto yc = y.contiguous();
     auto out = torch::empty_like(xc);
-    int64_t n = xc.numel();
-    const int threads = 256;
-    const int blocks = (int)((n + threads - 1) / threads);
-    scale_add_relu_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        xc.data_ptr<float>(), yc.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    scale_add_relu_launch(xc.data_ptr<float>(), yc.data_ptr<float>(), out.data_ptr<float>(), (float)scale,
+                          xc.numel(), at::cuda::getCurrentCUDAStream());
     return out;
 }
 """
-
-cpp_source = "torch::Tensor scale_add_relu(torch::Tensor x, torch::Tensor y, double scale);"
 
 scale_add_relu = load_inline(name="scale_add_relu", cpp_sources=cpp_source, cuda_sources=cuda_source,
                              functions=["scale_add_relu"], verbose=False)
@@ -169,8 +179,10 @@ BACKENDS: dict[str, PromptBackend] = {
         language="CUDA",
         rules=(
             "Write the kernels in CUDA C++ and compile them at import time with "
-            "`torch.utils.cpp_extension.load_inline` (declarations in `cpp_sources`, kernels and "
-            "their launchers in `cuda_sources`, the exported names in `functions`).",
+            "`torch.utils.cpp_extension.load_inline`: kernels and their launchers in `cuda_sources`, the "
+            "`torch::Tensor` functions that check inputs, allocate outputs and call the launchers in "
+            "`cpp_sources`, the exported names in `functions`. Keep torch out of `cuda_sources` (raw "
+            "pointers and a `cudaStream_t`): nvcc then compiles no torch headers, seconds instead of a minute.",
             "Launch kernels on PyTorch's current stream (`at::cuda::getCurrentCUDAStream()`), and "
             "make inputs contiguous before indexing them as flat arrays.",
             "float32 problems are checked in true float32 (relative error about 1e-4): TF32 or half "
