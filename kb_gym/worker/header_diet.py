@@ -58,7 +58,7 @@ LEAN_PREFIX = "#include <cuda.h>\n#include <cuda_runtime.h>\n#include <cuda_bf16
 _MISSING_DECLARATION = re.compile(r"is undefined|has no member|must be a class or namespace name|no instance of|"
                                   r"incomplete type|is not a template|explicit type is missing|was not declared|"
                                   r"has not been declared|is not a member of|does not name a type|not declared in|"
-                                  r"no matching function")
+                                  r"no matching function|no operator|no suitable")
 
 
 def _joined(sources: Any) -> str | None:
@@ -117,10 +117,11 @@ def install(record: list[str]) -> None:
 
     @functools.wraps(original)
     def load_inline(name: Any, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
-        mode, source = ("as written", None) if args or kwargs.get("no_implicit_headers") else plan(cuda_sources)
-        folder = _build_directory(str(name), kwargs) if isinstance(name, str) else None
+        plain = not args and not kwargs.get("no_implicit_headers") and _joined(cpp_sources) is not None
+        mode, source = plan(cuda_sources) if plain else ("as written", None)
+        folder = _build_directory(name, kwargs) if isinstance(name, str) else None
         if source is None or folder is None or (folder / FALLBACK_MARKER).exists():
-            record.append("as written" if source is None else "fallback")
+            record.append("fallback" if source is not None and folder is not None else "as written")
             return original(name, cpp_sources, cuda_sources, *args, **kwargs)
         dieted = dict(kwargs)
         cpp = cpp_sources
