@@ -97,7 +97,7 @@ void scale_add_relu_launch(const float* x, const float* y, float* out, float sca
 
 # The torch side: checks, allocation and the stream, compiled as C++.
 cpp_source = r"""
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cstdint>
 
 void scale_add_relu_launch(const float* x, const float* y, float* out, float scale, int64_t n, cudaStream_t stream);
@@ -108,7 +108,7 @@ torch::Tensor scale_add_relu(torch::Tensor x, torch::Tensor y, double scale) {
     auto yc = y.contiguous();
     auto out = torch::empty_like(xc);
     scale_add_relu_launch(xc.data_ptr<float>(), yc.data_ptr<float>(), out.data_ptr<float>(), (float)scale,
-                          xc.numel(), at::cuda::getCurrentCUDAStream());
+                          xc.numel(), c10::cuda::getCurrentCUDAStream());
     return out;
 }
 """
@@ -183,8 +183,8 @@ BACKENDS: dict[str, PromptBackend] = {
             "`torch::Tensor` functions that check inputs, allocate outputs and call the launchers in "
             "`cpp_sources`, the exported names in `functions`. Keep torch out of `cuda_sources` (raw "
             "pointers and a `cudaStream_t`): nvcc then compiles no torch headers, seconds instead of a minute.",
-            "Launch kernels on PyTorch's current stream (`at::cuda::getCurrentCUDAStream()`), and "
-            "make inputs contiguous before indexing them as flat arrays.",
+            "Launch kernels on PyTorch's current stream (`c10::cuda::getCurrentCUDAStream()` from "
+            "`<c10/cuda/CUDAStream.h>`), and make inputs contiguous before indexing them as flat arrays.",
             "float32 problems are checked in true float32 (relative error about 1e-4): TF32 or half "
             "precision tensor-core math fails the check.",
         ),
