@@ -6,7 +6,8 @@ Every solution (Triton, and on a GPU the CUDA load_inline ones) goes through the
 config, a few at a time through ``evaluate_many`` so that one candidate's compile overlaps another's timing;
 rows are printed and written as each group ends, so a run cut by a time limit keeps what it measured. Prints a
 markdown table (docs/benchmarks.md, "Reference solutions"): status, eager and solution ms, speedup and its
-interval, the load stage's seconds (a cold nvcc build for CUDA) and whether the precompiled header was used.
+interval, the load stage's seconds (a cold nvcc build for CUDA), whether the precompiled header was used and
+the header diet each CUDA build got (worker/header_diet.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _row(key: str, backend: str, r) -> dict:
     return {"key": key, "backend": backend, "status": r.status, "ref_ms": r.ref_runtime_ms, "ms": r.runtime_ms,
             "speedup": r.speedup, "speedup_ci": r.speedup_ci, "flags": r.flags,
             "load_s": r.stage_seconds.get("load"), "total_s": r.stage_seconds.get("total"),
-            "pch": (r.worker.get("pch") or {}).get("used"), "digest": r.worker.get("digest"),
+            "pch": (r.worker.get("pch") or {}).get("used"), "headers": r.worker.get("headers"),
+            "digest": r.worker.get("digest"),
             "error": (r.error or "")[:300]}
 
 
@@ -49,8 +51,8 @@ def main() -> int:
     jobs = [(f"{f.parent.name}/{f.stem}", solution_backend(f), f.read_text()) for f in files]
     jobs = [j for j in jobs if not only or j[0] in only]
     rows: list[dict] = []
-    print("| solution | kind | status | eager ms | solution ms | speedup (95% CI) | load s | PCH |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print("| solution | kind | status | eager ms | solution ms | speedup (95% CI) | load s | PCH | headers |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     t0 = time.perf_counter()
     with Evaluator(args.device, results_path=False, workers_per_device=args.workers_per_device) as ev:
         ev.warm()
@@ -63,7 +65,8 @@ def main() -> int:
                 ci = row["speedup_ci"] or [None, None]
                 print(f"| `{key}` | {backend} | {r.status} | {_fmt(row['ref_ms'])} | {_fmt(row['ms'])} | "
                       f"{_fmt(row['speedup'], '.2f')} ({_fmt(ci[0], '.2f')}-{_fmt(ci[1], '.2f')}) | "
-                      f"{_fmt(row['load_s'], '.1f')} | {','.join(row['pch'] or []) or '-'} |"
+                      f"{_fmt(row['load_s'], '.1f')} | {','.join(row['pch'] or []) or '-'} | "
+                      f"{','.join(row['headers'] or []) or '-'} |"
                       + (f" {r.status}: {row['error'][:160]}" if r.status != "correct" else ""), flush=True)
             if args.out:
                 with open(args.out, "w") as f:
