@@ -13,13 +13,14 @@ headers. Measured on the 2-core CPU machine (nvcc 13, sm_90, one .cu; docs/bench
 
 So, in a runner, before the candidate is imported, ``install`` wraps ``load_inline``:
 
-- ``lean``: CUDA sources that name nothing of torch are built with ``no_implicit_headers`` and only the CUDA
-  headers (and a few standard ones) prepended; the C++ sources get exactly the ``#include
+- ``lean``: CUDA sources that name nothing of torch are built with ``no_implicit_headers`` and only CUDA's
+  headers prepended (``LEAN_PREFIX``); the C++ sources get exactly the ``#include
   <torch/extension.h>`` load_inline would have added, so ``main.cpp`` and its precompiled header are unchanged.
 - ``trimmed``: CUDA sources that use torch but nothing beyond ``torch/types.h`` (no pybind11, ``torch::nn``,
   autograd, ...) have their ``torch/extension.h``-style includes removed.
-- Any build of a changed source that fails is built again exactly as written (``fallback``), and a marker in
-  the build folder makes later loads of the same build (the build cache) skip straight to that.
+- A dieted build that fails for want of a declaration is built again exactly as written (``fallback``), and a
+  marker in the build folder makes later loads of the same build (the build cache) skip straight to that; any
+  other compiler error is the candidate's and stands.
 
 What is built is still the candidate's code, and what it computes is judged as before: the diet changes
 which declarations are in scope, never what a compiled kernel does (a source that needs one it lost fails
@@ -97,7 +98,8 @@ def _lost_declaration(exc: BaseException) -> bool:
     text = str(exc)
     cause = exc.__cause__ or exc.__context__
     if cause is not None:  # torch raises "Error building extension" from the compiler's output
-        text += "\n" + str(getattr(cause, "output", b"") or b"", "utf-8", "replace") + str(cause)
+        output = getattr(cause, "output", None) or b""
+        text += "\n" + (output.decode("utf-8", "replace") if isinstance(output, bytes) else str(output))
     return isinstance(exc, ImportError) or bool(_MISSING_DECLARATION.search(text))
 
 

@@ -152,9 +152,10 @@ class Runner:
         cand_path.write_text(msg["source"])
         self.candidate_file = str(cand_path)
         self.headers: list[str] = []  # the header diet of each CUDA build (header_diet.py)
-        if may_build(msg["source"]) and os.environ.get(header_diet.ENV_SWITCH, "1") != "0":
+        builds = may_build(msg["source"])
+        if builds and os.environ.get(header_diet.ENV_SWITCH, "1") != "0":
             header_diet.install(self.headers)
-        self.pch = pch.install(self.pch_root) if self.pch_root is not None and may_build(msg["source"]) else None
+        self.pch = pch.install(self.pch_root) if self.pch_root is not None and builds else None
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
         except BaseException as exc:  # noqa: BLE001
