@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: stash / ray (Ray in two calls: see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: ray (the batch through the local backend and the Ray service; see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
+#   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
 #   AUDIT_RETRY_SECONDS, PYTEST_ARGS, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
 # ../shared/tools/device-wheels) and .device/kernelbench/ (the official level_N.jsonl files). An audit
-# resumes from .device/audit.jsonl when one was carried (a copy of an earlier run's $OUT/audit.jsonl).
+# resumes from .device/audit-SET.jsonl when one was carried (a copy of an earlier run's $OUT/audit-SET.jsonl).
 # `python3 -P`: the repository root holds a kb_gym/ folder that would shadow the installed package.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -46,7 +46,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
-    times) python3 -P scripts/problem_times.py --size gpu --measure --out "$OUT/times.json" ;;
+    times) python3 -P scripts/problem_times.py --dataset "${TIMES_DATASET:-builtin}" --size gpu --measure \
+             ${TIMES_ONLY:+--only "$TIMES_ONLY"} --out "$OUT/times${TIMES_TAG:-}.json" ;;
     diag) python3 -P scripts/gpu_timing_diag.py ;;
     wire) python3 -P scripts/gpu_wire_profile.py ;;
     envelope) python3 -P scripts/gpu_envelope_diag.py ;;
@@ -56,19 +57,21 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     payload) python3 -P scripts/payload_bench.py --mb 1024 && python3 -P scripts/payload_bench.py --mb 64 ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
-    audit) [ -f .device/audit.jsonl ] && cp .device/audit.jsonl "$OUT/audit.jsonl"
-           audit() { timeout "$1" python3 -P -m kb_gym.cli audit --dataset "${AUDIT_DATASET:-official}" \
-             ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} --trials "${AUDIT_TRIALS:-3}" --device "$2" --out "$OUT/audit.jsonl"; }
-           # Then the problems that ran out of memory beside another worker, again with one worker.
-           audit "${AUDIT_SECONDS:-540}" "${AUDIT_DEVICE:-auto}"; audit "${AUDIT_RETRY_SECONDS:-120}" cuda:0 ;;
-    # Wheels over the 64 MB carry, in parts (.carry/<group>/NAME.partN, made by scripts/carry_parts.sh): "stash"
-    # keeps this call's parts in runs/kb_parts (git-ignored: kept between calls on a warm machine); "ray" joins them (a second call within the
-    # machine's idle window), checks the sha256, installs Ray into /tmp/kb_ray_site, then runs the batch through
-    # the local backend and the Ray service in this one call (BATCH_ARGS, e.g. --size cpu --no-kernelbench-way).
-    stash) mkdir -p runs/kb_parts && cp -v .carry/*/* runs/kb_parts/ ;;
-    ray) bash scripts/carry_parts.sh join runs/kb_parts /tmp/kb_ray_wheels && cp .carry/*/*.whl /tmp/kb_ray_wheels/ \
-           && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kb_ray_site \
-                /tmp/kb_ray_wheels/*.whl || return 1
+    # AUDIT_DATASET may list several sets (builtin,synthetic): one audit each, rows in $OUT/audit-SET.jsonl,
+    # resumed from .device/audit-SET.jsonl when an earlier run's file was carried there.
+    audit) for ds in $(echo "${AUDIT_DATASET:-official}" | tr ',' ' '); do
+             rows="$OUT/audit-${ds//[^a-z0-9]/-}.jsonl"
+             [ -f ".device/$(basename "$rows")" ] && cp ".device/$(basename "$rows")" "$rows"
+             audit() { timeout "$1" python3 -P -m kb_gym.cli audit --dataset "$ds" ${AUDIT_LEVEL:+--level "$AUDIT_LEVEL"} \
+               --trials "${AUDIT_TRIALS:-3}" --device "$2" --out "$rows"; }
+             # Then the problems that ran out of memory beside another worker, again with one worker.
+             audit "${AUDIT_SECONDS:-540}" "${AUDIT_DEVICE:-auto}"; audit "${AUDIT_RETRY_SECONDS:-120}" cuda:0
+           done ;;
+    # Ray in one call: .carry/ray/ holds a slim Ray wheel (scripts/ray_wheel_slim.py: 39 MB, fits beside the
+    # rest) and the dependencies the image lacks (jsonschema, referencing, rpds-py, jsonschema-specifications).
+    # Runs the batch through the local backend and through the Ray service (BATCH_ARGS, e.g. --no-kernelbench-way).
+    ray) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kb_ray_site .carry/ray/*.whl \
+           || return 1
          export PYTHONPATH=$SITE:/tmp/kb_ray_site
          python3 -c "import ray; print('ray', ray.__version__)" || return 1
          kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
@@ -112,6 +115,7 @@ tail -n 14 "$OUT/batch.log" 2>/dev/null
 grep -E "wall|per GPU-hour|busy" "$OUT/ray.log" 2>/dev/null | tail -8
 tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
-[ -f "$OUT/audit.jsonl" ] && echo "audit rows: $(wc -l <"$OUT/audit.jsonl")" && grep -a -E "problems; passed|passed by|reference inexact|the control" \
+for f in "$OUT"/audit-*.jsonl; do [ -f "$f" ] && echo "$(basename "$f") rows: $(wc -l <"$f")"; done
+[ -f "$OUT/audit.log" ] && grep -a -E "problems; passed|passed by|reference inexact|the control" \
   "$OUT/audit.log" | tail -45
 exit $rc

@@ -1,6 +1,6 @@
 """Eager time of every problem at a size: the cost model's estimate and, on a GPU, the measurement.
 
-    python3 -P scripts/problem_times.py [--dataset builtin] [--size gpu] [--measure] [--out FILE.json]
+    python3 -P scripts/problem_times.py [--dataset builtin] [--size gpu] [--measure] [--only KEYS] [--out FILE.json]
 
 Prints a markdown table (docs/problems.md, "Eager time at GPU size"). --measure times the eager forward
 on cuda:0 in fp32 without TF32, as the Evaluator's baseline runs: the median of 10 cold-L2 calls
@@ -53,12 +53,16 @@ def main() -> int:
     parser.add_argument("--dataset", default="builtin")
     parser.add_argument("--size", default="gpu", choices=("cpu", "gpu"))
     parser.add_argument("--measure", action="store_true", help="also time each eager forward on cuda:0")
+    parser.add_argument("--only", default=None, help="problem keys, comma-separated (default: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
     rows = []
     print("| key | inputs -> outputs | estimated ms | measured ms | launches | GFLOP | memory GB (est. / peak) |")
     print("|---|---|---|---|---|---|---|")
     for problem in load_problems(args.dataset, size=args.size):
+        if only is not None and problem.key not in only:
+            continue
         row: dict = {"key": problem.key}
         try:
             est = estimate(problem)
