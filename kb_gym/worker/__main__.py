@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_gym.worker.process import set_limits, take_protocol_fds
+from kb_gym.worker.process import exit_when_orphaned, set_limits, take_protocol_fds
 
 
 def _scratch_caches(scratch: Path) -> dict:
@@ -35,6 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     proto_in, proto_out = take_protocol_fds()
     set_limits()
+    exit_when_orphaned(proto_in)
 
     from kb_gym.worker.protocol import MessageReader, ProtocolError, write_message
 

@@ -108,6 +108,18 @@ class PayloadWriter(_Mapping):
 class PayloadReader(_Mapping):
     """The judge's side: the announced bytes, once the runner said they are there."""
 
+    def reserve(self, nbytes: int) -> None:
+        """Grow the memfd to ``nbytes`` before a call whose outputs may take that many. The runner cannot grow
+        it past its own file-size limit (RLIMIT_FSIZE, 1 GB: runner.py), and its copy then fell back to the
+        pipe: on the H200 every output over 1 GB (most GPU-size problems) crossed the pipe at ~2 GB/s.
+        Writing into pages the file already has is not limited. The file stays sparse: only the pages the
+        runner writes take memory, and they are charged to the runner."""
+        try:
+            if os.fstat(self.fd).st_size < nbytes:
+                os.ftruncate(self.fd, nbytes)
+        except OSError:  # no memory for the inode, say: the runner grows it itself or uses the pipe
+            pass
+
     def view(self, nbytes: int) -> torch.Tensor:
         """The payload's bytes in the shared mapping (decode copies them out before anything reads them)."""
         size = os.fstat(self.fd).st_size

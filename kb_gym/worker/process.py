@@ -5,8 +5,11 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import select
 import signal
 import sys
+import threading
+import time
 
 
 def take_protocol_fds() -> tuple[int, int]:
@@ -40,3 +43,40 @@ def private_shm(size_mb: int) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     opts = f"size={size_mb}m,mode=1777".encode()
     return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) == 0
+
+
+def exit_when_orphaned(proto_in: int, interval: float = 0.5) -> threading.Thread:
+    """Watch the protocol pipe from a daemon thread: once every writer is gone (the evaluator's process died,
+    killed by a job scheduler's timeout, say) and stays gone for two looks, SIGKILL this process and all it
+    started. A judge reads its pipe only between jobs, and its runners live in their own sessions, so without
+    this a judge orphaned mid-job ran its job to the end on the GPU (seen on the H200: 70 GB and the device
+    still held by a killed benchmark's judge when the next command started)."""
+    def kill_descendants_and_exit() -> None:
+        # Not sandbox.kill_tree(os.getpid()): no process group or pid number is signalled, only processes
+        # found as this one's descendants, so a judge that is PID 1 of its namespace signals nothing outside it.
+        try:
+            import psutil
+
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+        except Exception:  # noqa: BLE001 - psutil missing or the walk failed: exit all the same
+            pass
+        os._exit(1)
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(proto_in, select.POLLHUP)
+        seen = 0
+        while True:
+            hung_up = any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in poller.poll(0))
+            seen = seen + 1 if hung_up else 0
+            if seen >= 2:
+                kill_descendants_and_exit()
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, name="kb_gym_orphan_watch", daemon=True)
+    thread.start()
+    return thread

@@ -291,6 +291,8 @@ class RunnerProcess:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
         ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py)."""
         nonce = int.from_bytes(os.urandom(7), "little")
+        if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
+            self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce,

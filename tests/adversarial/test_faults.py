@@ -264,3 +264,38 @@ def test_a_gpu_worker_whose_cuda_fails_under_landlock_starts_again_unconfined(mo
     finally:
         for handle in handles:
             handle.kill()
+
+
+_ORPHAN_SCRIPT = '''
+import sys, time
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+relu = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
+ev = Evaluator("cpu", results_path=False, config=EvalConfig(trials=1, timing=False, integrity="off",
+               correctness_timeout=300))
+ev.warm()
+ev.submit(relu, sys.argv[1])
+print("submitted", flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_judge_whose_evaluator_process_is_killed_mid_job_ends_with_its_runner(tmp_path):
+    """A job scheduler's timeout SIGKILLs the trainer or benchmark; its judges (their own sessions) must not run
+    their jobs on to the end on the device. Seen on the H200 before the fix: a killed benchmark's judge still
+    held 70 GB of the GPU when the next command started."""
+    import subprocess
+
+    slow = candidate(forward="time.sleep(120); return torch.relu(x)")
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, slow], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "submitted"
+        time.sleep(8)  # the runner is in forward by now, sleeping
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) >= 2, family
+        proc.kill()
+        proc.wait()
+        gone, alive = psutil.wait_procs(family, timeout=15)
+        assert not alive, [(p.pid, p.cmdline()[:4]) for p in alive]
+    finally:
+        proc.kill()

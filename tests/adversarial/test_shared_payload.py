@@ -54,6 +54,46 @@ def test_the_memfd_cannot_shrink_and_an_announcement_beyond_what_was_written_is_
         reader.view(1 << 20)
 
 
+_WRITER = """
+import resource, sys, torch
+from kb_gym.worker import payload
+fd, numel, limit = map(int, sys.argv[1:4])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+torch.manual_seed(0)
+try:
+    payload.PayloadWriter(fd).write([torch.randn(numel)], numel * 4)
+except OSError as exc:  # EFBIG, as in a runner: it then sends through the pipe
+    print(exc)
+    sys.exit(1)
+"""
+
+
+def _write_under_file_limit(fd: int, numel: int, limit: int) -> int:
+    """A fresh process with the runner's kind of file-size limit writes ``randn(numel)`` (seed 0) into the
+    memfd: 0 when the write went through, 1 when it failed (a runner then falls back to the pipe)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", _WRITER, str(fd), str(numel), str(limit)], pass_fds=(fd,),
+                          timeout=120).returncode
+
+
+def test_the_judge_sizes_the_memfd_so_outputs_beyond_the_runners_file_limit_still_cross_it():
+    """The runner's RLIMIT_FSIZE is 1 GB; it cannot grow the memfd past it. On the H200 every output over 1 GB
+    (most GPU-size problems) therefore crossed the pipe at ~2 GB/s. Scaled down here: a 1 MB limit, 4 MB out."""
+    numel = 1 << 20
+    torch.manual_seed(0)
+    expected = torch.randn(numel)
+    writer, reader = _pair()
+    assert _write_under_file_limit(writer.fd, numel, limit=1 << 20) == 1  # what happened before
+    writer, reader = _pair()
+    total = numel * 4
+    reader.reserve(total + (1 << 20))  # RunnerProcess.call does this with the call's byte limit
+    assert _write_under_file_limit(writer.fd, numel, limit=1 << 20) == 0
+    assert torch.equal(decode(describe([expected]), reader.view(total), torch.device("cpu"))[0], expected)
+    assert os.fstat(reader.fd).st_blocks * 512 < 2 * total  # sparse: only the pages written take memory
+
+
 SIX_MB = Problem(id=3, name="3_AddOneLarge", level=1, code='''import torch
 class Model(torch.nn.Module):
     def forward(self, x):
