@@ -130,8 +130,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from kb_gym.problems.sizes import size_for_devices
 
         size = size_for_devices(args.device) if args.size == "auto" else args.size
-        report = run_batch(device=args.device, size=size, kernelbench_way_too=not args.no_kernelbench_way,
-                           out=args.out, backend=args.backend, workers_per_device=args.workers_per_device)
+        report = run_batch(device=args.device, size=size, problems=args.problems,
+                           kernelbench_way_too=not args.no_kernelbench_way, out=args.out, backend=args.backend,
+                           workers_per_device=args.workers_per_device)
         print(format_batch(report))
         return 0
     if args.fidelity:
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", action="store_true",
                    help="only the throughput batch: 64 mixed candidates through the Evaluator, and the KernelBench way")
     p.add_argument("--no-kernelbench-way", action="store_true", help="with --batch: skip the KernelBench-way run")
+    p.add_argument("--problems", type=int, default=16,
+                   help="with --batch: how many problems (four candidates each; half built-in, half official)")
     p.add_argument("--workers-per-device", type=int, default=1,
                    help="with --batch (local backend): warm workers per device; 2 loads and compiles the next "
                         "candidate while one measures")

@@ -17,7 +17,7 @@ import torch.fx.experimental._config as _fx_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kb_gym.problems.cost_model import Op, eager_ms
+from kb_gym.problems.cost_model import FP32_FLOPS_PER_S, Op, conv_flops_per_s, eager_ms
 from kb_gym.problems.problem import Problem
 from kb_gym.worker.loading import load_source
 
@@ -45,6 +45,16 @@ def _flops(name: str, args: tuple[Any, ...], outs: list[torch.Tensor]) -> float:
     return 0.0
 
 
+def _conv_rate(args: tuple[Any, ...]) -> float:
+    """The calibrated rate of ``aten.convolution(input, weight, bias, stride, padding, dilation, transposed,
+    output_padding, groups)``: per group, output channels and the products each output sums."""
+    w, transposed, groups = args[1], bool(args[6]), max(int(args[8]), 1)
+    area = math.prod(w.shape[2:])
+    if transposed:  # weight (c_in, c_out / groups, *kernel)
+        return conv_flops_per_s(w.shape[1], w.shape[0] / groups * area)
+    return conv_flops_per_s(w.shape[0] / groups, w.shape[1] * area)  # weight (c_out, c_in / groups, *kernel)
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -60,7 +70,8 @@ class _Recorder(TorchDispatchMode):
         moved = sum(map(_nbytes, ins)) + sum(map(_nbytes, outs))
         if name in ("index_select", "gather", "embedding") and len(ins) > 1:  # reads only the rows it picks
             moved = sum(_nbytes(t) for t in ins[1:] if not t.is_floating_point()) + 2 * sum(map(_nbytes, outs))
-        self.ops.append(Op(name, float(moved), _flops(name, args, outs), float(sum(map(_nbytes, outs)))))
+        rate = _conv_rate(args) if name == "convolution" else FP32_FLOPS_PER_S
+        self.ops.append(Op(name, float(moved), _flops(name, args, outs), float(sum(map(_nbytes, outs))), rate))
         return out
 
 
