@@ -179,6 +179,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "build_cached": bool(result.get("build_cached")),
                                 "shm_payloads": runner.shm_payloads,
+                                "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},

@@ -299,7 +299,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     def send(message: dict[str, Any]) -> None:
         write_message(proto_out, message)
 
-    payload = PayloadWriter.from_env()
+    payload = PayloadWriter.from_env(device)
 
     def send_tensors(message: dict[str, Any], tensors: list[Any]) -> None:
         # The description first: the judge's clock stops on it, before the bytes are copied out.

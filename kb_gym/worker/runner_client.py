@@ -139,7 +139,8 @@ class RunnerProcess:
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
         payload_fd = payload.create()  # large outputs come back through it (payload.py)
-        self.payload = payload.PayloadReader(payload_fd) if payload_fd is not None else None
+        self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
+                        if payload_fd is not None else None)
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says

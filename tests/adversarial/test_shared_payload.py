@@ -94,6 +94,24 @@ def test_the_judge_sizes_the_memfd_so_outputs_beyond_the_runners_file_limit_stil
     assert os.fstat(reader.fd).st_blocks * 512 < 2 * total  # sparse: only the pages written take memory
 
 
+def test_a_mapping_that_cannot_be_page_locked_still_carries_the_outputs(monkeypatch):
+    """On a GPU the mappings are page-locked (payload.pin_wanted); where the driver is missing or refuses,
+    the mapping stays pageable and the bytes arrive the same."""
+    assert payload.pin_wanted("cuda:0") and not payload.pin_wanted("cpu")
+    monkeypatch.setenv("KB_GYM_PAYLOAD_PIN", "0")
+    assert not payload.pin_wanted("cuda:0")
+    monkeypatch.setattr(payload, "PIN_MIN_BYTES", 1)
+    fd = payload.create()
+    writer, reader = payload.PayloadWriter(fd, pin=True), payload.PayloadReader(fd, pin=True)
+    outs = [torch.randn(4096)]
+    writer.write(outs, 4096 * 4)
+    assert torch.equal(decode(describe(outs), reader.view(4096 * 4), torch.device("cpu"))[0], outs[0])
+    if payload._driver() is None:  # no driver here: nothing was registered
+        assert reader.pinned_maps == writer.pinned_maps == 0
+    reader.close()
+    writer.close()
+
+
 SIX_MB = Problem(id=3, name="3_AddOneLarge", level=1, code='''import torch
 class Model(torch.nn.Module):
     def forward(self, x):
