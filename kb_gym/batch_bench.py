@@ -179,8 +179,10 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
         for n, future in enumerate(as_completed(futures), 1):
             (p, kind, _), r = batch[futures.index(future)], future.result()
             surprise = r.status != EXPECTED.get(kind, "correct")  # why, for a verdict the kind should not get
+            stages = " ".join(f"{k} {v:.2f}" for k, v in r.stage_seconds.items() if k != "total")
             print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
-                  f"{r.speedup} total {r.stage_seconds.get('total')}"
+                  f"{r.speedup} stages: {stages} shm {r.worker.get('shm_payloads')} "
+                  f"pinned {r.worker.get('payload_pinned')}"
                   + (f" flags {r.flags} error {(r.error or '')[:400]!r}" if surprise else ""), flush=True)
         results = [f.result() for f in futures]
         wall = time.perf_counter() - t0

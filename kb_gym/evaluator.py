@@ -376,6 +376,7 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       runner_forked=bool(runner.get("forked")),
                       build_cached=bool(runner.get("build_cached")),
                       shm_payloads=int(runner.get("shm_payloads") or 0),
+                      payload_pinned=bool(runner.get("payload_pinned")),
                       digest="device" if runner.get("digest") == "device" else "host",
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},
                       headers=list(runner.get("headers") or []))
