@@ -173,6 +173,12 @@ HOSTILE = {
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
             except OSError:
                 pass''',
+    # announce the outputs in the memfd but never copy them there: since the judge sizes the file before each
+    # call, the announced bytes exist (zero pages, or the last call's) and are read, and they are not the outputs
+    # committed to
+    "announce_without_writing": '''
+        import kb_gym.worker.payload as payload
+        payload.PayloadWriter.write = lambda self, tensors, total: None''',
     # a 1 TB sparse file: the judge maps only what the description announced
     "grow_it_to_a_terabyte": '''
         import os
@@ -191,6 +197,8 @@ def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
     assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
     if name == "seal_the_memfd":  # nothing crosses the memfd, and the verdict is the honest one
         assert r.status == "correct" and r.worker["shm_payloads"] == 0, (r.status, r.error)
+    elif name == "announce_without_writing":
+        assert r.status == "incorrect" and "tampering" in r.flags, (r.status, r.flags, r.error)
     else:
         assert r.worker["shm_payloads"] >= 1 or r.status != "correct"  # the attack met the shared-memory path
     if r.status == "correct":  # nothing it did reached the judged bytes
