@@ -1,67 +1,25 @@
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _linear_gelu_scale_kernel(
-    x_ptr,
-    w_ptr,
-    shift_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_xk,
-    stride_wn,
-    stride_wk,
-    stride_om,
-    stride_on,
-    scale,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk
-        a = tl.load(
-            x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
-        # W is (N, K) as nn.Linear stores it; read the (BK, BN) tile of W^T.
-        b = tl.load(
-            w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-            mask=(kk[:, None] < K) & (rn[None, :] < N),
-            other=0.0,
-        )
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    # Epilogue: learned bias, tanh-approximate GELU, constant scale.
-    h = acc + tl.load(shift_ptr + rn, mask=rn < N, other=0.0)[None, :]
+def _shift_gelu_tanh_scale_kernel(h_ptr, shift_ptr, dst_ptr, n_elements, n_cols, scale, BLOCK: tl.constexpr):
+    # int64 offsets: batch * out_features may pass 2^31.
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+    h = h + tl.load(shift_ptr + offs % n_cols, mask=mask, other=0.0)
     u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
-    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)  # tanh(u), saturating cleanly to +-1
-    y = 0.5 * h * (1.0 + t) * scale
-    tl.store(
-        out_ptr + rm[:, None] * stride_om + rn[None, :] * stride_on,
-        y,
-        mask=(rm[:, None] < M) & (rn[None, :] < N),
-    )
-
-
-def _block(n, cap):
-    return max(16, min(cap, triton.next_power_of_2(n)))
+    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)  # tanh(u); saturates cleanly to +-1 where exp overflows
+    tl.store(dst_ptr + offs, 0.5 * h * (1.0 + t) * scale, mask=mask)
 
 
 class ModelNew(nn.Module):
-    """One Triton kernel: tiled fp32 GEMM with the bias + tanh-GELU + scale epilogue applied to the tile."""
+    """cuBLAS GEMM as in eager; shift + tanh-GELU + scale fused in one Triton pass over its output."""
 
     def __init__(self, in_features, out_features, scale):
         super().__init__()
@@ -70,31 +28,12 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x):
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        w = self.proj.weight.contiguous()
-        m, k = x2.shape
-        n = w.shape[0]
-        out = torch.empty((m, n), device=x2.device, dtype=torch.float32)
-        bm, bn, bk = _block(m, 64), _block(n, 64), _block(k, 32)
-        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-        _linear_gelu_scale_kernel[grid](
-            x2,
-            w,
-            self.shift.contiguous(),
-            out,
-            m,
-            n,
-            k,
-            x2.stride(0),
-            x2.stride(1),
-            w.stride(0),
-            w.stride(1),
-            out.stride(0),
-            out.stride(1),
-            float(self.scale),
-            BM=bm,
-            BN=bn,
-            BK=bk,
+        # Same GEMM as eager (fp32, no bias); eager then makes three passes over h (add, gelu, mul), this file one.
+        h = F.linear(x, self.proj.weight).contiguous()
+        out = torch.empty_like(h)
+        n = h.numel()
+        block = 1024
+        _shift_gelu_tanh_scale_kernel[(triton.cdiv(n, block),)](
+            h, self.shift.contiguous(), out, n, h.shape[-1], float(self.scale), BLOCK=block
         )
-        return out.reshape(*lead, n)
+        return out
