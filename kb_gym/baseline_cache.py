@@ -16,6 +16,17 @@ def baseline_key(code_hash: str, numerics: str, baseline: str, hardware_hash: st
     return f"{code_hash}:{numerics}:{baseline}:{hardware_hash}"
 
 
+def measured_entry(problem: Any, cfg: Any, result: Any) -> tuple[str, dict[str, Any]] | None:
+    """The cache key and entry for the baseline ``result`` measured (a judge's own timing of the reference),
+    or None where it measured none or reused a cached one. ``problem``: a Problem; ``cfg``: its EvalConfig."""
+    if result.ref_runtime_ms is None or result.baseline_cached or not result.hardware.get("hash"):
+        return None
+    key = baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, result.hardware["hash"])
+    return key, {"problem": problem.key, "ref_runtime_ms": result.ref_runtime_ms,
+                 "ref_runtime_ci_ms": result.ref_runtime_ci_ms, "reps": result.timing_reps,
+                 "device": result.hardware.get("name", "")}
+
+
 class BaselineCache:
     """A JSON file of ``key -> {ref_runtime_ms, ref_runtime_ci_ms, reps, problem, time}``.
 
@@ -36,14 +47,31 @@ class BaselineCache:
     def get(self, key: str) -> dict[str, Any] | None:
         return self._read().get(key)
 
+    def with_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every entry whose key starts with ``prefix`` (a problem's code hash: all its baselines)."""
+        return {k: v for k, v in self._read().items() if k.startswith(prefix)}
+
+    def put_missing(self, entries: dict[str, dict[str, Any]]) -> int:
+        """Add the entries this cache lacks (measured elsewhere; a key names its hardware); how many."""
+        with self._lock:
+            data = self._read()
+            new = {k: v for k, v in entries.items() if k not in data}
+            if new:
+                data.update(new)
+                self._write(data)
+            return len(new)
+
     def put(self, key: str, entry: dict[str, Any]) -> None:
         with self._lock:
             data = self._read()
             data[key] = {**entry, "time": time.time()}
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            self._write(data)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
 
     def __len__(self) -> int:
         return len(self._read())

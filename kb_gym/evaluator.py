@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from kb_gym.baseline_cache import BaselineCache, baseline_key
+from kb_gym.baseline_cache import BaselineCache, baseline_key, measured_entry
 from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
 from kb_gym.extract import extract_code
@@ -343,14 +343,11 @@ class Evaluator(EvaluationAPI):
         return {"ref_runtime_ms": entry["ref_runtime_ms"], "ref_runtime_ci_ms": entry["ref_runtime_ci_ms"]}
 
     def _record_baseline(self, problem: Problem, cfg: EvalConfig, result: EvalResult) -> None:
-        if (self.baselines is None or result.ref_runtime_ms is None or result.baseline_cached
-                or not result.hardware.get("hash")):
+        measured = measured_entry(problem, cfg, result) if self.baselines is not None else None
+        if measured is None:
             return
-        key = baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, result.hardware["hash"])
         try:
-            self.baselines.put(key, {"problem": problem.key, "ref_runtime_ms": result.ref_runtime_ms,
-                                     "ref_runtime_ci_ms": result.ref_runtime_ci_ms, "reps": result.timing_reps,
-                                     "device": result.hardware.get("name", "")})
+            self.baselines.put(*measured)
         except OSError:
             pass  # a read-only cache must not cost the caller its verdict
 

@@ -24,8 +24,8 @@ class EvaluationWorker:
         from kb_gym.evaluator import Evaluator
 
         self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        # Baselines go through the on-disk cache keyed by hardware fingerprint: every worker of a node (and
-        # every node sharing KB_GYM_CACHE) reuses a baseline one of them measured.
+        # Baselines go through the on-disk cache keyed by hardware fingerprint: every worker of a node reuses a
+        # baseline one of them measured, and the service hands each worker those measured on other nodes.
         self.evaluator = Evaluator(self.device, config=EvalConfig(**config), results_path=False,
                                    baseline_cache=BaselineCache(baseline_cache) if baseline_cache else None)
         self.evaluator.warm()
@@ -36,10 +36,18 @@ class EvaluationWorker:
         return {"device": self.device, "pid": os.getpid(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    def evaluate(self, problem: dict[str, Any], text: str, seed: int | None, config: dict[str, Any] | None) -> dict:
+    def evaluate(self, problem: dict[str, Any], text: str, seed: int | None, config: dict[str, Any] | None,
+                 baselines: dict[str, dict[str, Any]] | None = None) -> dict:
+        """``baselines``: cache entries of this problem measured by other workers (any node); those this node's
+        cache lacks are added first, so that a reused baseline is one a judge measured, wherever it ran."""
         from kb_gym.config import EvalConfig
         from kb_gym.problems import Problem
 
+        if baselines and self.evaluator.baselines is not None:
+            try:
+                self.evaluator.baselines.put_missing(baselines)
+            except OSError:
+                pass  # a read-only cache: this worker measures its own
         cfg = EvalConfig(**config) if config else None
         return self.evaluator.evaluate(Problem.from_dict(problem), text, seed=seed, config=cfg).to_dict()
 
@@ -47,11 +55,37 @@ class EvaluationWorker:
         self.evaluator.close()
 
 
+class SharedBaselines:
+    """The baselines every worker measured, keyed as the on-disk cache is (problem code hash, numerics,
+    baseline kind, hardware fingerprint): the service learns each from the results that measured one and
+    hands a problem's entries to whichever worker gets that problem next, so a GPU kind's baseline is
+    measured once for the whole cluster, not once per node. Only judges' own timings enter (measured_entry)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def for_problem(self, problem: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        from kb_gym.problems import Problem
+
+        prefix = Problem.from_dict(problem).code_hash + ":"
+        return {k: v for k, v in self.entries.items() if k.startswith(prefix)}
+
+    def learn(self, problem: dict[str, Any], config: dict[str, Any], result: dict[str, Any]) -> None:
+        from kb_gym.baseline_cache import measured_entry
+        from kb_gym.config import EvalConfig
+        from kb_gym.problems import Problem
+        from kb_gym.result import EvalResult
+
+        measured = measured_entry(Problem.from_dict(problem), EvalConfig(**config), EvalResult.from_dict(result))
+        if measured is not None:
+            self.entries.setdefault(*measured)  # the first measurement stands: every worker then reuses the same
+
+
 class EvaluationService:
     """Spreads requests over the workers, at most IN_FLIGHT_PER_WORKER each (back-pressure: the rest wait
     here, not in a worker's queue, so a free worker always takes the next one); a worker that died is
     replaced and the request retried once, then answered ``crash``; every final result is appended to the
-    results store here, once."""
+    results store here, once. Baselines measured by one worker reach the others (SharedBaselines)."""
 
     def __init__(self, workers: int, config: dict[str, Any], results_path: str | bool | None, gpus_per_worker: float,
                  baseline_cache: str | None) -> None:
@@ -70,6 +104,7 @@ class EvaluationService:
         self.free = asyncio.Condition()
         self.replaced = 0
         self.done = 0
+        self.baselines = SharedBaselines()
 
     def _start_worker(self) -> Any:
         actor = self.ray.remote(EvaluationWorker).options(num_gpus=self.gpus, num_cpus=1, max_concurrency=8)
@@ -80,7 +115,7 @@ class EvaluationService:
 
     async def stats(self) -> dict[str, Any]:
         return {"workers": len(self.workers), "in_flight": list(self.load), "replaced": self.replaced,
-                "done": self.done}
+                "done": self.done, "baselines": len(self.baselines.entries)}
 
     async def _take(self) -> int:
         async with self.free:
@@ -102,7 +137,8 @@ class EvaluationService:
             k = await self._take()
             worker = self.workers[k]
             try:
-                result = await worker.evaluate.remote(problem, text, seed, config)
+                result = await worker.evaluate.remote(problem, text, seed, config, self.baselines.for_problem(problem))
+                self.baselines.learn(problem, config or self.config, result)
                 break
             except self.ray.exceptions.RayActorError as exc:
                 error = (f"the evaluation worker died twice on this candidate ({type(exc).__name__}); "
