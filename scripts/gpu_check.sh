@@ -54,7 +54,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     digest) python3 -P scripts/gpu_digest_diag.py ;;
     solutions) python3 -P scripts/solution_speedups.py --size gpu ${SOLUTIONS_ONLY:+--only "$SOLUTIONS_ONLY"} \
                  --out "$OUT/solutions.json" ;;
-    payload) python3 -P scripts/payload_bench.py --mb 1024 && python3 -P scripts/payload_bench.py --mb 64 ;;
+    payload) python3 -P scripts/payload_bench.py --mb 2048 && python3 -P scripts/payload_bench.py --mb 64 ;;
     soak) kb soak -n "${SOAK_N:-1000}" --max-minutes "${SOAK_MINUTES:-8}" --device "${SOAK_DEVICE:-auto}" \
             --out "$OUT/soak.json" ;;
     # AUDIT_DATASET may list several sets (builtin,synthetic): one audit each, rows in $OUT/audit-SET.jsonl,

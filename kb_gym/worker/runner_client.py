@@ -44,7 +44,7 @@ STARTUP_TIMEOUT = 300.0
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
              "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "KB_GYM_LANDLOCK", "KB_GYM_RUNNER_READS",
              "KB_GYM_SECCOMP", "OMP_NUM_THREADS", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "TRITON_PTXAS_PATH",
-             "KB_GYM_HEADER_DIET")
+             "KB_GYM_HEADER_DIET", "KB_GYM_PAYLOAD_PIN")
 # Devices whose runners' CUDA failed under the read rules: later runners there skip them.
 _READS_BREAK_CUDA: dict[str, str] = {}
 
