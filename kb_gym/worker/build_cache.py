@@ -148,7 +148,9 @@ def _copy_regular_files(src: Path, dst: Path) -> None:
         for name in files:
             path = os.path.join(folder, name)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                # O_NONBLOCK: a FIFO the runner planted would block the open until a writer came (round 4:
+                # the judge hung until the evaluator's watchdog); a device node is no regular file either.
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
                 continue  # a link, or gone
             with os.fdopen(fd, "rb") as fh:

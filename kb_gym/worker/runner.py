@@ -11,8 +11,9 @@ here has to be trusted.
 Sandbox (set up in serve(), before any candidate code): fresh PID, network and mount namespaces from the
 judge's ``unshare`` prefix, a private size-limited /dev/shm, Landlock allowing writes only in the
 scratch folder (and the GPU's device files) and reads only of the Python installation and system
-folders (not the results store, the caches, /tmp or home folders), seccomp refusing new sockets and
-ptrace (seccomp.py), a minimal environment.
+folders (not the results store, the caches, /tmp or home folders), seccomp refusing new sockets,
+ptrace, mounts, device nodes, modules, clock setting, the keyring and other architectures' calls
+(seccomp.py), a minimal environment.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from kb_gym.worker.loading import StageError, check_signature, load_module, stic
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
 from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
-from kb_gym.worker.seccomp import deny_sockets_and_ptrace
+from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
 from kb_gym.worker.tensors import commitment, describe, flatten_bytes, flatten_plain, host_bytes, on_host
 
@@ -336,7 +337,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     confined = bool(sandbox.get("landlock"))  # writes only in its scratch folder: the PCH stays as built
     runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
-        sandbox.update(deny_sockets_and_ptrace())
+        sandbox.update(deny_escape_syscalls())
     # The digest kernel loaded now (from the Triton cache the judge seeded), not in the first call.
     wanted = os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
     digest_error = device_digest.warm(torch.device(device)) if wanted else None

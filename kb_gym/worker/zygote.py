@@ -24,7 +24,7 @@ import socket
 import sys
 from typing import Any
 
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWIPC = 0x00020000, 0x20000000, 0x40000000, 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG = 1
 
@@ -52,8 +52,12 @@ def _preload() -> None:
 
 
 def _enter_namespaces(libc: ctypes.CDLL) -> bool:
-    """New mount, network and PID namespaces for the child; False where the OS refuses."""
-    return libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID) == 0
+    """New mount, network, PID and IPC namespaces for the child (without IPC where only that is refused);
+    False where the OS refuses. The IPC namespace takes SysV shared memory, semaphores and message queues
+    with the runner when it ends: a segment left in the host's namespace outlived the runner and the
+    evaluator, memory nobody counted and a channel to the next candidate (round 4)."""
+    base = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID
+    return libc.unshare(base | _CLONE_NEWIPC) == 0 or libc.unshare(base) == 0
 
 
 def _mount_private_proc(libc: ctypes.CDLL) -> None:

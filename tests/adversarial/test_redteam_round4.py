@@ -258,9 +258,9 @@ def _bypass_works_here(maker: str) -> bool:
     if pid == 0:
         ok = 0
         try:
-            from kb_gym.worker.seccomp import deny_sockets_and_ptrace
+            from kb_gym.worker.seccomp import deny_escape_syscalls
 
-            deny_sockets_and_ptrace()
+            deny_escape_syscalls()
             scope: dict = {}
             exec(maker, scope)  # noqa: S102 - our own probe
             ok = scope["make_socket"](socket.AF_UNIX, socket.SOCK_STREAM) >= 0
@@ -310,7 +310,7 @@ def host_socket():
 @pytest.mark.parametrize("maker", [
     pytest.param(name, id=name, marks=pytest.mark.xfail(
         _BYPASSES_HERE[name], strict=True,
-        reason=f"round 4: gets through: seccomp.deny_sockets_and_ptrace filters socket() but not {name}"))
+        reason=f"round 4: gets through: seccomp.deny_escape_syscalls filters socket() but not {name}"))
     for name in sorted(SOCKET_MAKERS)])
 def test_no_socket_reaches_the_host_from_a_runner(ev, host_socket, maker):
     path, got = host_socket
@@ -417,8 +417,6 @@ def forget_state():
         libc.syscall(250, 9, key, ctypes.c_int(-4))  # KEYCTL_UNLINK from @u
 
 
-@pytest.mark.xfail(strict=True, reason="round 4: gets through: no IPC namespace (zygote._enter_namespaces, "
-                   "sandbox._BASE) and no seccomp rule for add_key/keyctl: a 64 MB SysV segment and a key persist")
 def test_nothing_a_runner_leaves_in_sysv_ipc_or_the_keyring_reaches_the_next(ev, forget_state):
     first = ev.evaluate(GELU, LEAVE_STATE, config=CHECK)
     assert first.status in ("correct", "compile_error", "runtime_error", "crash"), (first.status, first.error)
@@ -457,9 +455,7 @@ raise RuntimeError(" | ".join(_said))
 ''')
 
 
-@pytest.mark.xfail(AS_ROOT, strict=True, reason="round 4: gets through: runners of a root evaluator keep every "
-                   "capability (zygote._child drops none): mknod of block devices, adjtimex, module loading")
-def test_a_runner_holds_no_capability_over_the_host(ev):
+def test_a_runner_of_a_root_evaluator_makes_no_device_node_and_sets_no_clock(ev):
     r = ev.evaluate(GELU, CAPS_PROBE, config=CHECK)
     honest_after(ev)
     assert r.status == "compile_error", (r.status, r.error)
@@ -482,15 +478,32 @@ os.mkfifo(os.path.join(_ext, "no_writer"))
 ''')
 
 
-@pytest.mark.xfail(strict=True, reason="round 4: gets through: build_cache._copy_regular_files opens a FIFO "
-                   "before checking S_ISREG and blocks the judge until the evaluator's watchdog kills it")
 def test_a_fifo_in_the_build_folder_does_not_hold_the_judge(ev):
     r = ev.evaluate(GELU, FIFO_IN_THE_BUILD_FOLDER, config=CHECK.replace(load_timeout=3))
     restarts = r.worker.get("restarts", 0)
     honest = ev.evaluate(GELU, HONEST, config=CHECK)
     assert honest.status == "correct", (honest.status, honest.error)
-    assert r.status == "correct" and r.stage_seconds["total"] < 3, (r.status, r.error, r.stage_seconds)
+    # seccomp now refuses mknodat (the FIFO is never made: compile_error); where a FIFO exists anyway, the judge
+    # skips it without blocking (the test below). Either way no wait for the watchdog and no judge restart.
+    assert r.status in ("correct", "compile_error") and r.stage_seconds["total"] < 8, (r.status, r.error,
+                                                                                      r.stage_seconds)
     assert honest.worker.get("restarts", 0) == restarts, honest.worker
+
+
+def test_the_build_cache_copies_no_fifo_or_device_node_and_does_not_block_on_one(tmp_path):
+    import threading
+
+    from kb_gym.worker.build_cache import _copy_regular_files
+
+    src = tmp_path / "ext"
+    src.mkdir()
+    (src / "ext.so").write_bytes(b"\x7fELF")
+    os.mkfifo(src / "build.ninja")
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (_copy_regular_files(src, tmp_path / "copy"), done.set()), daemon=True)
+    worker.start()
+    assert done.wait(10), "the copy blocked on the FIFO"
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["ext.so"]
 
 
 # --- 8. a write seal on the memfd: the judge blames itself ------------------------------------------------
