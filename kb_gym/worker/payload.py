@@ -24,6 +24,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from kb_gym.worker.tensors import flatten_bytes
 SHM_MIN_BYTES = 1 << 20  # smaller payloads cross the pipe: one write, no mapping
 PIN_MIN_BYTES = 64 << 20  # mappings this large are page-locked for the GPU's copies (pin_wanted)
 ENV_FD = "KB_GYM_PAYLOAD_FD"  # the memfd's number in the runner (set by the judge)
-_HOST_REGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE
+_HOST_REGISTER_PORTABLE, _HOST_REGISTER_READ_ONLY = 0x01, 0x08  # CU_MEMHOSTREGISTER_*
 
 
 def enabled() -> bool:
@@ -79,6 +80,8 @@ class _Mapping:
     where ``pin`` and large enough (registered with the driver for the mapping's life, unregistered before
     it is unmapped). A registration that fails leaves the mapping pageable: only slower."""
 
+    writable = True
+
     def __init__(self, fd: int, pin: bool = False) -> None:
         self.fd = fd
         self.map: mmap.mmap | None = None
@@ -89,18 +92,27 @@ class _Mapping:
     def bytes(self, nbytes: int) -> torch.Tensor:
         if self.map is None or len(self.map) < nbytes:
             self.close()
-            self.map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+            self.map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, prot)
             if self.pin and nbytes >= PIN_MIN_BYTES:
-                self._register(torch.frombuffer(self.map, dtype=torch.uint8))
-        return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes)
+                self._register(self._tensor(None))
+        return self._tensor(nbytes)
+
+    def _tensor(self, nbytes: int | None) -> torch.Tensor:
+        with warnings.catch_warnings():  # a read-only mapping: the judge's tensor is only ever read (copied out)
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            if nbytes is None:
+                return torch.frombuffer(self.map, dtype=torch.uint8)
+            return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes)
 
     def _register(self, whole: torch.Tensor) -> None:
         lib = _driver()
         if lib is None:
             return
         try:
+            flags = _HOST_REGISTER_PORTABLE | (0 if self.writable else _HOST_REGISTER_READ_ONLY)
             status = lib.cuMemHostRegister_v2(ctypes.c_void_p(whole.data_ptr()), ctypes.c_size_t(whole.numel()),
-                                              ctypes.c_uint(_HOST_REGISTER_PORTABLE))
+                                              ctypes.c_uint(flags))
         except AttributeError:
             return
         if status == 0:
@@ -151,7 +163,11 @@ class PayloadWriter(_Mapping):
 
 
 class PayloadReader(_Mapping):
-    """The judge's side: the announced bytes, once the runner said they are there."""
+    """The judge's side: the announced bytes, once the runner said they are there. Mapped read-only: the judge
+    never writes them, and a writable mapping is one a runner can forbid (F_SEAL_FUTURE_WRITE made the judge's
+    mmap fail, round 4)."""
+
+    writable = False
 
     def reserve(self, nbytes: int) -> None:
         """Grow the memfd to ``nbytes`` before a call whose outputs may take that many. The runner cannot grow

@@ -328,8 +328,9 @@ class RunnerProcess:
     def _reply(msg: dict[str, Any], envelope: float, outputs: Any) -> CallReply:
         return CallReply(outputs=outputs, event_ms=_finite_ms(msg.get("event_ms")),
                          host_ms=_finite_ms(msg.get("host_ms")), envelope_ms=envelope,
-                         launches=int(msg.get("launches") or 0),
-                         backends=[str(b) for b in msg.get("backends") or []][:4],
+                         launches=_count(msg.get("launches")),
+                         backends=[str(b) for b in msg.get("backends") or []][:4] if isinstance(
+                             msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
@@ -393,7 +394,7 @@ class RunnerProcess:
             return None
         try:
             view = self.payload.view(nbytes)
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:  # a size it did not write, a seal that forbids mapping: the runner's
             raise WireError(str(exc)) from None
         self.shm_payloads += 1
         return view
@@ -459,6 +460,12 @@ def _finite_ms(value: Any) -> float | None:
         return None
     value = float(value)
     return value if 0.0 <= value < 1e9 else None
+
+
+def _count(value: Any) -> int:
+    """A count the runner reported, if it is one: anything else ("many", a float, a list) counts as none, so
+    garbage costs the candidate (no_custom_kernel), never the judge (an exception here restarted it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40 else 0
 
 
 def _running(pid: int) -> bool:

@@ -536,8 +536,6 @@ _payload.PayloadWriter.write = _write_then_seal
 
 
 @pytest.mark.skipif(payload.create() is None, reason="no sealable memfd here")
-@pytest.mark.xfail(strict=True, reason="round 4: gets through: payload._Mapping.bytes maps PROT_WRITE and its "
-                   "EPERM escapes RunnerProcess._shared_payload: 'the judge failed', judge restarted")
 def test_a_write_seal_on_the_memfd_costs_only_the_candidates_verdict(ev):
     r = ev.evaluate(SIX_MB, SEAL_AFTER_COPY, config=CHECK)
     honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CHECK)
