@@ -307,6 +307,7 @@ class RunnerProcess:
         if msg.get("type") != "done":
             raise self._unexpected(msg, "done")
         try:
+            _count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
@@ -463,9 +464,13 @@ def _finite_ms(value: Any) -> float | None:
 
 
 def _count(value: Any) -> int:
-    """A count the runner reported, if it is one: anything else ("many", a float, a list) counts as none, so
-    garbage costs the candidate (no_custom_kernel), never the judge (an exception here restarted it)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40 else 0
+    """A count the runner reported. Anything else ("many", a float, a list) is a WireError, so that garbage
+    costs the candidate its verdict, never the judge (an int() of it raised in the judge and restarted it)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40:
+        return value
+    raise WireError(f"the runner reported a launch count that is not one: {str(value)[:40]!r}")
 
 
 def _running(pid: int) -> bool:
