@@ -147,10 +147,18 @@ NEAR_ANSWER = 3.0
 CHUNK = 1 << 26  # elements per slice: bounds the temporary memory of comparing multi-GB outputs
 
 
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as its (..., 2) real and imaginary parts (a conjugate view resolved first)."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
 def _compare_tensor(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float,
                     trivial: list[torch.Tensor], other_answers: list[torch.Tensor], label: str) -> Comparison:
     if c.numel() == 0:
         return Comparison(True)
+    if c.is_complex() or r.is_complex():  # both parts compared: .to(float32) below would keep the real part only
+        c, r = _as_real(c), _as_real(r)
+        trivial, other_answers = [_as_real(t) for t in trivial], [_as_real(t) for t in other_answers]
     if not (c.is_floating_point() or c.is_complex()):
         equal = c == r
         frac = 1.0 - equal.float().mean().item()

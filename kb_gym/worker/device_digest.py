@@ -91,7 +91,7 @@ def _build() -> Any:
 def _words(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as int32 words on its device, zero-padded to whole words and 16-byte aligned (a copy
     only where they are not)."""
-    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
     if flat.numel() % 4:
         flat = torch.cat([flat, flat.new_zeros(4 - flat.numel() % 4)])
     elif flat.data_ptr() % 16:  # a view into the middle of a buffer: one more compiled variant otherwise
@@ -110,7 +110,8 @@ def tree_digests(t: torch.Tensor, nonce: int, k: int, segment_bytes: int = 0, ch
     if segment_bytes and segment_bytes % 4:
         raise ValueError("segments must be whole words")
     if not (t.is_cuda if kernel is None else kernel):
-        raw = memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()) if nbytes else b""
+        flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        raw = memoryview(flat.view(torch.uint8).numpy()) if nbytes else b""
         if not segment_bytes:
             return [reference_digest(raw, nonce, k)]
         return [reference_digest(raw[s:s + segment_bytes], nonce, k, chunk_base + j)

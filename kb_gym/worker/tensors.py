@@ -61,10 +61,16 @@ def describe(tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
     return meta
 
 
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's values with lazy conjugation and negation applied: a conj() view's bytes are its base's,
+    and viewing them as bytes raised (a right answer returned as ``x.conj()`` was a runtime_error)."""
+    return t.detach().resolve_conj().resolve_neg()
+
+
 def on_host(t: torch.Tensor) -> torch.Tensor:
     """The tensor as a contiguous host tensor (a GPU tensor through page-locked memory: a direct copy,
     several times faster than into pageable memory, from a pool the CUDA host allocator keeps)."""
-    t = t.detach()
+    t = _resolved(t)
     if t.is_cuda:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t)
@@ -87,7 +93,7 @@ PINNED_RECEIVE_BYTES = 256 << 20
 
 def flatten_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor's values as a flat uint8 tensor on its device (contiguous)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return _resolved(t).contiguous().reshape(-1).view(torch.uint8)
 
 
 def receive_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, memoryview]:

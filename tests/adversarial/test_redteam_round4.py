@@ -583,8 +583,6 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="round 4: gets through: checks._compare_tensor compares complex outputs "
-                   "after .to(float32), which drops the imaginary part")
 def test_the_imaginary_part_of_a_complex_output_is_checked(ev):
     r = ev.evaluate(FFT, FFT_REAL_PART_ONLY, config=CHECK)
     honest = ev.evaluate(FFT, reference_as_candidate(FFT), config=CHECK)
@@ -592,8 +590,6 @@ def test_the_imaginary_part_of_a_complex_output_is_checked(ev):
     assert r.status == "incorrect", (r.status, r.error)
 
 
-@pytest.mark.xfail(strict=True, reason="round 4: gets through: tensors.host_bytes views a conj view as uint8 "
-                   "without resolve_conj(): runtime_error for a right answer")
 def test_an_honest_answer_returned_as_a_conjugate_view_is_correct(ev):
     r = ev.evaluate(FFT, FFT_AS_A_CONJUGATE_VIEW, config=CHECK)
     honest = ev.evaluate(FFT, reference_as_candidate(FFT), config=CHECK)
