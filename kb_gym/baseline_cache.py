@@ -18,7 +18,9 @@ def baseline_key(code_hash: str, numerics: str, baseline: str, hardware_hash: st
 
 def measured_entry(problem: Any, cfg: Any, result: Any) -> tuple[str, dict[str, Any]] | None:
     """The cache key and entry for the baseline ``result`` measured (a judge's own timing of the reference),
-    or None where it measured none or reused a cached one. ``problem``: a Problem; ``cfg``: its EvalConfig."""
+    or None where it measured none or reused a cached one. ``problem``: a Problem; ``cfg``: its EvalConfig.
+    The Evaluator records only baseline-only jobs' results: a baseline timed beside a candidate can be slowed
+    by the candidate's processes (round 4)."""
     if result.ref_runtime_ms is None or result.baseline_cached or not result.hardware.get("hash"):
         return None
     key = baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, result.hardware["hash"])

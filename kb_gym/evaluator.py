@@ -296,9 +296,20 @@ class Evaluator(EvaluationAPI):
             future.set_result(result)
 
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
-                findings: list[Finding], queued: float) -> EvalResult:
+                findings: list[Finding], queued: float, implicit: bool = False) -> EvalResult:
+        """``implicit``: a baseline-only job the evaluator runs for itself (the cache filled, nothing stored)."""
         limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
-        job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if job["source"] is not None else None
+        reuse = job["source"] is not None and self._reuses_baselines(handle, cfg)
+        job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if reuse else None
+        if reuse and job["cached_baseline"] is None:
+            # The cache is filled only by baseline-only jobs, timed with no candidate's processes alive (round 4:
+            # a baseline timed beside a candidate's children, which a freeze cannot stop in the kernel, was kept
+            # and inflated later candidates' speedups). A miss costs one such job, once per problem and hardware.
+            with self._lock:
+                self._job_counter += 1
+                base_job = {**job, "job_id": self._job_counter, "source": None}
+            self._run_on(handle, base_job, problem, cfg, [], time.perf_counter(), implicit=True)
+            job["cached_baseline"] = self._cached_baseline(handle, problem, cfg)
         started = time.perf_counter()
         try:
             raw = handle.run(job, limits, cfg.memory_limit_mb)
@@ -325,15 +336,26 @@ class Evaluator(EvaluationAPI):
         if findings:  # notes and speed-credit flags; rejections never reach a worker
             result.findings = [f.to_dict() for f in findings]
             result.flags = sorted(set(result.flags) | {f.flag for f in findings})
-        self._record_baseline(problem, cfg, result)
-        self._finish(result, log_tail, cfg)
+        if job["source"] is None:
+            self._record_baseline(problem, cfg, result)
+        if not implicit:
+            self._finish(result, log_tail, cfg)
         return result
+
+    def _reuses_baselines(self, handle: WorkerHandle, cfg: EvalConfig) -> bool:
+        if not (cfg.reuse_cached_baseline and self.baselines is not None):
+            return False
+        try:
+            handle.ensure_started()  # its hardware fingerprint keys the cache
+        except WorkerDied:
+            return False  # the job's own run reports it
+        return bool(handle.info.get("hardware", {}).get("hash"))
 
     def _cached_baseline(self, handle: WorkerHandle, problem: Problem, cfg: EvalConfig) -> dict | None:
         """The cached baseline timing for this problem on this worker's hardware, when asked for.
 
-        Known only once the worker has reported its fingerprint: a fresh worker's first job times
-        the baseline interleaved (and fills the cache)."""
+        Known only once the worker has reported its fingerprint. A miss under reuse_cached_baseline runs a
+        baseline-only job first (_run_on): only those fill the cache."""
         hardware = handle.info.get("hardware", {}).get("hash") if handle.alive else None
         if not (cfg.reuse_cached_baseline and self.baselines is not None and hardware):
             return None

@@ -201,18 +201,22 @@ class WorkerHandle:
                 continue
         return total / 2**20
 
-    def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float) -> dict[str, Any]:
-        """Send a job and wait for its result; a dead, hung or bloated worker becomes a verdict.
-
-        After any verdict that is not the worker's own result, the worker is killed; the next
-        call starts a fresh one.
-        """
+    def ensure_started(self) -> None:
+        """A live worker: started on first use, started again (a restart) after one died."""
         if not self.alive:
             if self.proc is not None:
                 self.kill()
             if self.jobs:
                 self.restarts += 1
             self.start()
+
+    def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float) -> dict[str, Any]:
+        """Send a job and wait for its result; a dead, hung or bloated worker becomes a verdict.
+
+        After any verdict that is not the worker's own result, the worker is killed; the next
+        call starts a fresh one.
+        """
+        self.ensure_started()
         self.jobs += 1
         if self.device_lock is not None:
             job = {**job, "device_lock": True}

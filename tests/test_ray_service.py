@@ -155,9 +155,10 @@ def test_the_batch_bench_runs_through_the_ray_backend(cluster, monkeypatch):
 
 
 def test_a_baseline_measured_on_one_node_is_reused_on_another(tmp_path):
-    """Two workers with separate on-disk caches (two nodes): the first measures the baseline, the service learns
-    it from the result and hands it to the second, which reuses it instead of measuring again. The service's
-    logic without Ray: EvaluationWorker and SharedBaselines are plain classes."""
+    """Two workers with separate on-disk caches (two nodes): the first measures the baseline (a baseline-only job
+    on its miss), the service learns it from the first's cache and hands it to the second, which reuses it
+    instead of measuring again. The service's logic without Ray: EvaluationWorker and SharedBaselines are plain
+    classes."""
     from kb_gym.config import config_preset
     from kb_gym.service.actors import EvaluationWorker, SharedBaselines
 
@@ -167,16 +168,15 @@ def test_a_baseline_measured_on_one_node_is_reused_on_another(tmp_path):
     first = EvaluationWorker(rl, str(tmp_path / "node_a.json"))
     second = EvaluationWorker(rl, str(tmp_path / "node_b.json"))
     try:
-        measured = first.evaluate(problem, COPY, None, rl, shared.for_problem(problem))
-        assert measured["status"] == "correct" and not measured["baseline_cached"], measured["error"]
-        shared.learn(problem, rl, measured)
+        measured, learned = first.evaluate(problem, COPY, None, rl, shared.for_problem(problem))
+        assert measured["status"] == "correct" and measured["baseline_cached"], measured["error"]
+        shared.learn(learned)
         assert len(shared.entries) == 1 and shared.for_problem(problem)
         assert shared.for_problem(load_problems("builtin", size="cpu")[1].to_dict()) == {}  # another problem: none
-        reused = second.evaluate(problem, COPY, None, rl, shared.for_problem(problem))
+        reused, _ = second.evaluate(problem, COPY, None, rl, shared.for_problem(problem))
         assert reused["status"] == "correct" and reused["baseline_cached"], reused
         assert reused["ref_runtime_ms"] == measured["ref_runtime_ms"]
-        shared.learn(problem, rl, reused)  # a reused baseline teaches nothing new
-        assert len(shared.entries) == 1
+        assert len(second.evaluator.baselines) == 1  # it took the first's entry, and measured none of its own
     finally:
         first.shutdown()
         second.shutdown()

@@ -37,19 +37,22 @@ class EvaluationWorker:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def evaluate(self, problem: dict[str, Any], text: str, seed: int | None, config: dict[str, Any] | None,
-                 baselines: dict[str, dict[str, Any]] | None = None) -> dict:
-        """``baselines``: cache entries of this problem measured by other workers (any node); those this node's
-        cache lacks are added first, so that a reused baseline is one a judge measured, wherever it ran."""
+                 baselines: dict[str, dict[str, Any]] | None = None) -> tuple[dict, dict[str, dict[str, Any]]]:
+        """The result, and this node's cache entries for the problem afterwards (baseline-only timings, the only
+        ones the cache takes). ``baselines``: entries measured by other workers (any node); those this node's
+        cache lacks are added first, so that a reused baseline is one a judge measured alone, wherever it ran."""
         from kb_gym.config import EvalConfig
         from kb_gym.problems import Problem
 
-        if baselines and self.evaluator.baselines is not None:
+        cache, prob = self.evaluator.baselines, Problem.from_dict(problem)
+        if baselines and cache is not None:
             try:
-                self.evaluator.baselines.put_missing(baselines)
+                cache.put_missing(baselines)
             except OSError:
                 pass  # a read-only cache: this worker measures its own
         cfg = EvalConfig(**config) if config else None
-        return self.evaluator.evaluate(Problem.from_dict(problem), text, seed=seed, config=cfg).to_dict()
+        result = self.evaluator.evaluate(prob, text, seed=seed, config=cfg).to_dict()
+        return result, (cache.with_prefix(prob.code_hash + ":") if cache is not None else {})
 
     def shutdown(self) -> None:
         self.evaluator.close()
@@ -57,9 +60,9 @@ class EvaluationWorker:
 
 class SharedBaselines:
     """The baselines every worker measured, keyed as the on-disk cache is (problem code hash, numerics,
-    baseline kind, hardware fingerprint): the service learns each from the results that measured one and
-    hands a problem's entries to whichever worker gets that problem next, so a GPU kind's baseline is
-    measured once for the whole cluster, not once per node. Only judges' own timings enter (measured_entry)."""
+    baseline kind, hardware fingerprint): the service learns the entries a worker's cache holds for a problem
+    after evaluating it and hands them to whichever worker gets that problem next, so a GPU kind's baseline
+    is measured once for the whole cluster, not once per node. The caches take only baseline-only timings."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
@@ -70,15 +73,9 @@ class SharedBaselines:
         prefix = Problem.from_dict(problem).code_hash + ":"
         return {k: v for k, v in self.entries.items() if k.startswith(prefix)}
 
-    def learn(self, problem: dict[str, Any], config: dict[str, Any], result: dict[str, Any]) -> None:
-        from kb_gym.baseline_cache import measured_entry
-        from kb_gym.config import EvalConfig
-        from kb_gym.problems import Problem
-        from kb_gym.result import EvalResult
-
-        measured = measured_entry(Problem.from_dict(problem), EvalConfig(**config), EvalResult.from_dict(result))
-        if measured is not None:
-            self.entries.setdefault(*measured)  # the first measurement stands: every worker then reuses the same
+    def learn(self, entries: dict[str, dict[str, Any]]) -> None:
+        for key, entry in entries.items():
+            self.entries.setdefault(key, entry)  # the first measurement stands: every worker then reuses the same
 
 
 class EvaluationService:
@@ -137,8 +134,9 @@ class EvaluationService:
             k = await self._take()
             worker = self.workers[k]
             try:
-                result = await worker.evaluate.remote(problem, text, seed, config, self.baselines.for_problem(problem))
-                self.baselines.learn(problem, config or self.config, result)
+                result, learned = await worker.evaluate.remote(problem, text, seed, config,
+                                                               self.baselines.for_problem(problem))
+                self.baselines.learn(learned)
                 break
             except self.ray.exceptions.RayActorError as exc:
                 error = (f"the evaluation worker died twice on this candidate ({type(exc).__name__}); "

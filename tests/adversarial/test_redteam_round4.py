@@ -178,8 +178,6 @@ for _ in range(8):
 ''')
 
 
-@pytest.mark.xfail(ON_CPU, strict=True, reason="round 4: gets through: a baseline slowed by children the freeze "
-                   "cannot stop is cached (Evaluator._record_baseline) and inflates later candidates' speedups")
 def test_a_baseline_timed_beside_an_attack_does_not_reach_the_baseline_cache(ev):
     problem = Problem(id=43, name="43_GELU_cached", level=1, code=GELU.code.replace(
         "torch.randn(64, 256)", "torch.randn(256, 1024)") + f"\n# round 4: {uuid.uuid4().hex}\n")
