@@ -77,6 +77,7 @@ def _lie(fn, inputs, device, flusher, *a, **k):
     return res._replace(**{{f: {value} for f in res._fields if f != "out"}}) if hasattr(res, "_fields") \
         else (res[0], {value})
 _clock.timed_call = _lie
+sys.modules["kb_gym.worker.runner"].timed_call = _lie  # the name the runner calls (bound at its import)
 ''', "time.sleep(0.02)\n" + GELU_FORWARD)
 
 
@@ -171,6 +172,7 @@ def _fast(fn, inputs, device, flusher, *a, **k):
     return res._replace(**{f: 1e-3 for f in res._fields if f != "out"}) if hasattr(res, "_fields") \
         else (res[0], 1e-3)
 _clock.timed_call = _fast
+sys.modules["kb_gym.worker.runner"].timed_call = _fast  # the name the runner calls (bound at its import)
 _kids = []
 for _ in range(12):
     pid = os.fork()
