@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after
+from test_shared_payload import SIX_MB
 
 from kb_gym import Evaluator, Problem
 from kb_gym.baseline_cache import BaselineCache
@@ -512,15 +513,6 @@ def test_the_build_cache_copies_no_fifo_or_device_node_and_does_not_block_on_one
 # into a WireError: "the judge failed", restart=True, for outputs that were right. (F_SEAL_WRITE before the
 # copy is covered: the runner's own copy fails and the bytes come through the pipe.)
 
-SIX_MB = Problem(id=3, name="3_AddOneLarge", level=1, code='''import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return x + 1
-def get_inputs():
-    return [torch.randn(1024, 1536)]
-def get_init_inputs():
-    return []
-''')
 
 SEAL_AFTER_COPY = reference_as_candidate(SIX_MB).replace("import torch\n", '''import torch
 import fcntl, sys
