@@ -6,12 +6,14 @@ new sockets are refused (``socket``, ``socketpair``, and io_uring, whose IORING_
 without the ``socket`` call). Then what reaches other processes or the host (``ptrace``,
 ``process_vm_*``, mounts, ``setns``, device nodes, kernel modules, kexec, swap, reboot), what sets the
 clocks a timing could be skewed with (``adjtimex``, ``clock_adjtime``, ``clock_settime``,
-``settimeofday``), and the kernel keyring, which outlives the runner (``add_key``, ``request_key``,
-``keyctl``). A call of another architecture (i386's ``int 0x80``, x32's numbers) is refused whole:
-a filter that checks numbers of one table must not let the other tables through (round 4 reached a
-host socket that way). Everything denied fails with EPERM. Installed with no_new_privs; every process
-the candidate starts inherits it, and nothing can lift it. The runner's own pipes were made before, so
-its protocol is unaffected; its setup mounts happen before, too.
+``settimeofday``), the kernel keyring, which outlives the runner (``add_key``, ``request_key``,
+``keyctl``), and what a root evaluator's capabilities would otherwise lend a runner (I/O ports, BPF,
+perf events, file handles, other processes' descriptors). A call of another architecture (i386's
+``int 0x80``, x32's numbers) is refused whole: a filter that checks numbers of one table must not let
+the other tables through (round 4 reached a host socket that way). Everything denied fails with
+EPERM. Installed with no_new_privs; every process the candidate starts inherits it, and nothing can
+lift it. The runner's own pipes were made before, so its protocol is unaffected; its setup mounts
+happen before, too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ DENIED = ("socket", "socketpair", "io_uring_setup", "io_uring_enter", "io_uring_
           "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "setns",
           "mknodat", "mknod", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
           "swapon", "swapoff", "reboot", "adjtimex", "clock_adjtime", "clock_settime", "settimeofday",
-          "add_key", "request_key", "keyctl")
+          "add_key", "request_key", "keyctl", "iopl", "ioperm", "bpf", "perf_event_open", "open_by_handle_at",
+          "pidfd_getfd", "process_madvise")
 # (audit architecture, {name: syscall number}); a name missing from a table has no such call there
 _ARCHES = {
     "x86_64": (0xC000003E, {
@@ -39,14 +42,16 @@ _ARCHES = {
         "pivot_root": 155, "setns": 308, "mknodat": 259, "mknod": 133, "init_module": 175, "finit_module": 313,
         "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "swapon": 167, "swapoff": 168,
         "reboot": 169, "adjtimex": 159, "clock_adjtime": 305, "clock_settime": 227, "settimeofday": 164,
-        "add_key": 248, "request_key": 249, "keyctl": 250}),
+        "add_key": 248, "request_key": 249, "keyctl": 250, "iopl": 172, "ioperm": 173, "bpf": 321,
+        "perf_event_open": 298, "open_by_handle_at": 304, "pidfd_getfd": 438, "process_madvise": 440}),
     "aarch64": (0xC00000B7, {
         "socket": 198, "socketpair": 199, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "mount": 40, "umount2": 39,
         "pivot_root": 41, "setns": 268, "mknodat": 33, "init_module": 105, "finit_module": 273,
         "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "swapon": 224, "swapoff": 225,
         "reboot": 142, "adjtimex": 171, "clock_adjtime": 266, "clock_settime": 112, "settimeofday": 170,
-        "add_key": 217, "request_key": 218, "keyctl": 219}),
+        "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280, "perf_event_open": 241,
+        "open_by_handle_at": 265, "pidfd_getfd": 438, "process_madvise": 440}),
 }
 
 

@@ -299,3 +299,38 @@ def test_a_judge_whose_evaluator_process_is_killed_mid_job_ends_with_its_runner(
         assert not alive, [(p.pid, p.cmdline()[:4]) for p in alive]
     finally:
         proc.kill()
+
+
+_FILTERED = '''
+import ctypes, os, platform, sys
+from kb_gym.worker import seccomp
+assert seccomp.deny_escape_syscalls()["seccomp"]
+libc = ctypes.CDLL(None, use_errno=True)
+table = seccomp._ARCHES[platform.machine()][1]
+refused = []
+for name in sys.argv[1:]:
+    if name in table and libc.syscall(table[name], 0, 0, 0, 0, 0) == -1 and ctypes.get_errno() == 1:
+        refused.append(name)
+print(" ".join(refused))
+print(len(open("/proc/self/status").read()) > 0, os.getpid() > 0)  # the ordinary calls still work
+'''
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="seccomp is Linux's")
+def test_the_runner_filter_refuses_what_a_root_runner_could_escape_with():
+    """Round 4: capabilities a root evaluator lends its runners (I/O ports, BPF, perf events, file handles, module
+    loading, the clocks, mounts) and the keyring: the filter refuses each with EPERM, whatever the arguments."""
+    import platform
+    import subprocess
+
+    from kb_gym.worker import seccomp
+
+    if platform.machine() not in seccomp._ARCHES:
+        pytest.skip(f"no syscall table for {platform.machine()}")
+    names = ["iopl", "ioperm", "bpf", "perf_event_open", "open_by_handle_at", "pidfd_getfd", "keyctl", "add_key",
+             "init_module", "finit_module", "adjtimex", "clock_settime", "mount", "setns", "mknodat"]
+    out = subprocess.run([sys.executable, "-c", _FILTERED, *names], capture_output=True, text=True, timeout=60)
+    refused, ordinary = out.stdout.splitlines()[:2]
+    table = seccomp._ARCHES[platform.machine()][1]
+    assert refused.split() == [n for n in names if n in table], (out.stdout, out.stderr)
+    assert ordinary == "True True"
