@@ -29,7 +29,6 @@ from kb_gym.worker import payload
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 ON_CPU = DEVICE == "cpu"
-AS_ROOT = os.geteuid() == 0
 
 FIND_RUNNER = '''
 import gc, os, sys, time
@@ -55,8 +54,8 @@ def ev(tmp_path_factory):
 # module is reached through ``vars(torch)["sys"].modules`` (no static finding), its ``timed_call`` binding
 # reports 1 us, and ``LaunchCounter.reset`` leaves a count of 1 so that eager PyTorch is not
 # ``no_custom_kernel``. Measured: ``correct``, 56x, no flags, speed credit, for eager GELU (truly ~0.75x).
-# (Round 2's ``_event_time_lie`` patched ``kb_gym.worker.clock.timed_call``; runner.py bound the name at import,
-# so that lie never reached a reply and those tests timed an honest candidate.)
+# (Round 2's ``_event_time_lie`` patched only ``kb_gym.worker.clock.timed_call``, which runner.py had bound at
+# import, so that lie never reached a reply; it patches the runner's name too since round 4.)
 
 LIE_UNDER_THE_FLOOR = '''
 import torch
