@@ -354,10 +354,10 @@ class Evaluator(EvaluationAPI):
     def _cached_baseline(self, handle: WorkerHandle, problem: Problem, cfg: EvalConfig) -> dict | None:
         """The cached baseline timing for this problem on this worker's hardware, when asked for.
 
-        Known only once the worker has reported its fingerprint. A miss under reuse_cached_baseline runs a
+        Called once _reuses_baselines holds (a cache, and the worker's fingerprint known). A miss runs a
         baseline-only job first (_run_on): only those fill the cache."""
-        hardware = handle.info.get("hardware", {}).get("hash") if handle.alive else None
-        if not (cfg.reuse_cached_baseline and self.baselines is not None and hardware):
+        hardware = handle.info.get("hardware", {}).get("hash")  # gone only if the worker died in between
+        if not hardware:
             return None
         entry = self.baselines.get(baseline_key(problem.code_hash, cfg.numerics, cfg.baseline, hardware))
         if not entry or not entry.get("ref_runtime_ms") or not entry.get("ref_runtime_ci_ms"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import mmap
 import os
 import warnings
@@ -66,6 +67,7 @@ def pin_wanted(device: str) -> bool:
     return device.startswith("cuda") and os.environ.get("KB_GYM_PAYLOAD_PIN", "1") != "0"
 
 
+@functools.cache
 def _driver() -> Any:
     """The CUDA driver library, or None. Its cuMemHostRegister, not the runtime's cudaHostRegister: a failed
     runtime call leaves a "last error" that the next kernel launch's check would report as its own."""

@@ -65,14 +65,12 @@ class _SockFprog(ctypes.Structure):
 
 def _program(audit_arch: int, numbers: list[int], x32: bool) -> list[bytes]:
     """arch != ours -> deny; (x86_64) nr >= x32 bit -> deny; nr in numbers -> deny; else allow."""
-    checks = [_insn(_JGE_K, 0, 0, _X32_BIT)] if x32 else []
-    checks += [_insn(_JEQ_K, 0, 0, nr) for nr in numbers]
+    checks = ([(_JGE_K, _X32_BIT)] if x32 else []) + [(_JEQ_K, nr) for nr in numbers]
     prog = [_insn(_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
             _insn(_JEQ_K, 0, len(checks) + 2, audit_arch),  # another architecture: to the deny at the end
             _insn(_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
-    for i, check in enumerate(checks):
-        code, _, _, k = struct.unpack("HBBI", check)
-        prog.append(_insn(code, len(checks) - i, 0, k))  # a match jumps past the rest and the ALLOW, to the deny
+    # a match jumps past the remaining checks and the ALLOW, to the deny
+    prog += [_insn(code, len(checks) - i, 0, k) for i, (code, k) in enumerate(checks)]
     return prog + [_insn(_RET_K, 0, 0, _RET_ALLOW), _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
 
 
