@@ -74,8 +74,11 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
            || return 1
          export PYTHONPATH=$SITE:/tmp/kb_ray_site
          python3 -c "import ray; print('ray', ray.__version__)" || return 1
-         kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
-           kb bench --batch --backend ray ${BATCH_ARGS:-} --out "$OUT/batch-ray.json" ;;
+         # Each backend gets a cache folder of its own, so that neither reuses the other's builds and baselines.
+         rm -rf /tmp/kb_gym_cache_local /tmp/kb_gym_cache_ray
+         KB_GYM_CACHE=/tmp/kb_gym_cache_local kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
+           KB_GYM_CACHE=/tmp/kb_gym_cache_ray kb bench --batch --backend ray ${BATCH_ARGS:-} \
+             --out "$OUT/batch-ray.json" ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }

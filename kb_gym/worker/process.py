@@ -26,9 +26,12 @@ def take_protocol_fds() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def set_limits(file_bytes: int = 2 << 30) -> None:
-    # No core files; cap any single file a candidate writes. Address-space limits break CUDA's
-    # virtual reservations, so memory is policed from outside by resident size instead.
+def set_limits(file_bytes: int = resource.RLIM_INFINITY) -> None:
+    # No core files; the runner caps any single file a candidate writes (runner.py). The judge runs no
+    # candidate code and keeps no file limit: it sizes each runner's payload memfd for the call's outputs
+    # (payload.PayloadReader.reserve), twice the reference's, and a 2 GB limit here made that fail for every
+    # output over 1 GB (on the H200 they all crossed the pipe, 14-48 s per correctness pass). Address-space
+    # limits break CUDA's virtual reservations, so memory is policed from outside by resident size instead.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead

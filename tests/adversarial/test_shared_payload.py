@@ -94,6 +94,34 @@ def test_the_judge_sizes_the_memfd_so_outputs_beyond_the_runners_file_limit_stil
     assert os.fstat(reader.fd).st_blocks * 512 < 2 * total  # sparse: only the pages written take memory
 
 
+_JUDGE_RESERVES = """
+import os, sys
+from kb_gym.worker import payload
+from kb_gym.worker.process import set_limits
+fd, nbytes = map(int, sys.argv[1:3])
+set_limits()  # as the judge does at start (worker/__main__.py)
+payload.PayloadReader(fd).reserve(nbytes)
+print(os.fstat(fd).st_size)
+"""
+
+
+def test_the_judge_can_size_the_memfd_for_outputs_beyond_two_gigabytes_under_its_own_limits():
+    """The call's byte limit is twice the reference's outputs: 4.3 GB for a 2.1 GB output. Under the judge's
+    old 2 GB file-size limit the reserve failed (EFBIG, silently), and on the H200 every output over 1 GB still
+    crossed the pipe. The memfd stays sparse: sizing it costs no memory."""
+    import subprocess
+    import sys
+
+    fd = payload.create()
+    nbytes = 5 << 30
+    done = subprocess.run([sys.executable, "-c", _JUDGE_RESERVES, str(fd), str(nbytes)], pass_fds=(fd,),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == os.fstat(fd).st_size == nbytes
+    assert os.fstat(fd).st_blocks == 0
+    os.close(fd)
+
+
 def test_a_mapping_that_cannot_be_page_locked_still_carries_the_outputs(monkeypatch):
     """On a GPU the mappings are page-locked (payload.pin_wanted); where the driver is missing or refuses,
     the mapping stays pageable and the bytes arrive the same."""
