@@ -15,6 +15,7 @@ from typing import Any
 
 from kb_gym import sandbox
 from kb_gym.device_lock import DeviceLock
+from kb_gym.host_memory import tree_memory_bytes
 from kb_gym.store import cache_dir
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
@@ -186,20 +187,8 @@ class WorkerHandle:
         self.kill()
 
     def _rss_mb(self) -> float:
-        try:
-            import psutil
-
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except Exception:  # noqa: BLE001 - the worker itself is gone
-            return 0.0
-        total = 0
-        for p in procs:  # one by one: a runner that exits or lingers as a zombie mid-walk must not hide the rest
-            try:
-                total += p.memory_info().rss
-            except Exception:  # noqa: BLE001
-                continue
-        return total / 2**20
+        """The worker tree's host memory, in MB: resident pages plus in-memory files it holds (host_memory.py)."""
+        return tree_memory_bytes(self.proc.pid) / 2**20
 
     def ensure_started(self) -> None:
         """A live worker: started on first use, started again (a restart) after one died."""
