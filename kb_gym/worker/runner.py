@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import device_digest, header_diet, pch
+from kb_gym.worker import capabilities, device_digest, header_diet, pch
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
@@ -294,7 +294,9 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     scratch = Path(scratch_dir)
     _scratch_env(scratch)
     shm = os.environ.get("KB_GYM_RUNNER_PRIVATE_SHM") == "1" and private_shm(SHM_MB)
-    sandbox = _confine(scratch, device)
+    # After the mount (it needs CAP_SYS_ADMIN), before any thread exists. KB_GYM_DROP_CAPS=0 keeps them.
+    caps = capabilities.drop_all() if os.environ.get("KB_GYM_DROP_CAPS", "1") != "0" else {"capabilities": "kept"}
+    sandbox = {**_confine(scratch, device), **caps}
     sandbox.update(private_shm_mb=SHM_MB if shm else 0, pid_namespace=namespaces, network_namespace=namespaces)
 
     def send(message: dict[str, Any]) -> None:

@@ -466,6 +466,26 @@ def test_a_runner_of_a_root_evaluator_makes_no_device_node_and_sets_no_clock(ev)
     assert "mknod:ok" not in r.error and "adjtimex:ok" not in r.error, r.error
 
 
+CAPS_HELD = cand('''
+import os
+_held = set()
+for _tid in os.listdir("/proc/self/task"):  # capabilities are per thread: every thread of the runner
+    for _line in open(f"/proc/self/task/{_tid}/status"):
+        if _line.startswith(("CapEff", "CapPrm", "CapInh", "CapAmb")) and int(_line.split()[1], 16):
+            _held.add(_line.split(":")[0])
+raise RuntimeError("held: " + ",".join(sorted(_held)))
+''')
+
+
+def test_a_runner_holds_no_capability_in_any_thread(ev):
+    """Round 4 left a root evaluator's runners every capability (seccomp refused the calls of the dangerous
+    ones). Runners now drop them all before any thread starts (worker/capabilities.py)."""
+    r = ev.evaluate(GELU, CAPS_HELD, config=CHECK)
+    honest = ev.evaluate(GELU, HONEST, config=CHECK)
+    assert r.status == "compile_error" and r.error.rstrip().endswith("held:"), (r.status, r.error)
+    assert honest.status == "correct" and honest.worker["capabilities"].startswith("none"), honest.worker
+
+
 # --- 7. a FIFO in the build folder hangs the judge --------------------------------------------------------
 #
 # After a load the judge copies the runner's build folder into the build cache (build_cache.keep, the runner
