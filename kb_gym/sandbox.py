@@ -84,7 +84,7 @@ def kill_and_wait(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         pass
 
 
-def _descendants(pid: int) -> list[int] | None:
+def descendants(pid: int) -> list[int] | None:
     """``pid``'s descendants from /proc/<pid>/task/<tid>/children (only its own subtree is read: cheap
     beside a scan of every process); None where the kernel does not provide the files."""
     found, todo = [], [pid]
@@ -112,7 +112,7 @@ def freeze_tree(pid: int) -> list[int]:
     while the first pass runs is caught by the next). Returns the pids to hand to ``thaw``."""
     stopped: set[int] = set()
     for _ in range(8):
-        tree = _descendants(pid)
+        tree = descendants(pid)
         if tree is None:  # no children files: psutil's scan of every process instead
             try:
                 import psutil
@@ -133,21 +133,48 @@ def freeze_tree(pid: int) -> list[int]:
 
 
 def wait_stopped(pids: list[int], timeout: float = 1.0) -> bool:
-    """Whether every one of ``pids`` is stopped (or gone) within ``timeout``: SIGSTOP lands when a process
-    next leaves the kernel, so one inside a long write is still running when os.kill returns."""
+    """Whether every one of ``pids`` is stopped (or gone) within ``timeout``."""
+    return not unstopped(pids, timeout)
+
+
+def unstopped(pids: list[int], timeout: float = 1.0) -> list[int]:
+    """Those of ``pids`` with a thread still not stopped after ``timeout``. SIGSTOP lands when a thread next
+    leaves the kernel, so one inside a long system call (a write, a MAP_POPULATE of 16 GB: ~0.5 s) runs on
+    after os.kill returns; and a process's state in /proc/PID/stat is its first thread's only."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-4
+    pending = list(pids)
+    while True:
+        pending = [p for p in pending if not _all_threads_stopped(p)]
+        if not pending or time.monotonic() > deadline:
+            return pending
+        time.sleep(pause)
+        pause = min(2 * pause, 5e-3)
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> bool:
+    """Whether every one of ``pids`` has exited (or is a zombie) within ``timeout``."""
     deadline = time.monotonic() + timeout
     pending = list(pids)
     while pending:
-        pending = [p for p in pending if _state(p) not in ("T", "t", "Z", "X", None)]
+        pending = [p for p in pending if _state(p) not in ("Z", "X", None)]
         if not pending:
             return True
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.002)
+        time.sleep(0.005)
     return True
 
 
-def _state(pid: int) -> str | None:
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # gone
+    return all(_state(f"{pid}/task/{tid}") in ("T", "t", "Z", "X", None) for tid in tids)
+
+
+def _state(pid: int | str) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             return handle.read().rsplit(b")", 1)[1].split()[0].decode()

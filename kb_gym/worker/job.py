@@ -245,7 +245,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                 for variant in used["wanted"]:
                     pch.start_build(headers, variant)
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
-                with runner.frozen(wait=True) as still:
+                with runner.frozen(refuse=False) as still:
                     if still:
                         build_cache.keep(job["source"], runner.scratch / "ext", tools)
     stages["load"] = time.perf_counter() - t0
@@ -321,12 +321,18 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     try:
         spare.prepare(job["problem_code"], seed, cfg["precision"], tf32, timeout=deadline - time.monotonic(),
                       reference_model=True)
-        with runner.frozen():
-            calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes)
     except StageError:  # the spare's failure is not the candidate's: no envelope verdict this time
         ctx.pool.discard_spare()
         return None
+    # Every thread of the candidate's tree stopped first (or the candidate's verdict): only then is what the
+    # spare measures clean enough to keep for the problem's next candidates.
+    with runner.frozen():
+        try:
+            calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
+                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes)
+        except StageError:
+            ctx.pool.discard_spare()
+            return None
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
     return calibration

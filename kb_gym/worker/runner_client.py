@@ -411,16 +411,24 @@ class RunnerProcess:
         return self._large_buffer
 
     @contextlib.contextmanager
-    def frozen(self, wait: bool = False) -> Iterator[bool]:
+    def frozen(self, settle: float = 2.0, refuse: bool = True) -> Iterator[bool]:
         """The runner and everything it started stopped (SIGSTOP) for the duration: nothing of the candidate
         competes for the CPU with the baseline or with a calibration (a candidate that left busy children
         running during the spare's calibration widened the envelope's tolerance 5-fold and hid 3 ms a call).
-        Work it queued on the GPU before is not stopped: see docs/integrity.md. ``wait``: also wait until
-        every process is in the stopped state (one inside a long write finishes it first); yields whether
-        they all got there."""
+        Work it queued on the GPU before is not stopped: see docs/integrity.md.
+
+        Yields only once every thread of the tree is stopped: a thread inside a long system call runs on
+        until it returns (round 4: children looping on MAP_POPULATE of 16 GB stayed busy through the spare's
+        calibration, tolerance 8-13 ms instead of ~2). A tree with a thread still running after ``settle``
+        seconds (nothing honest spends seconds in one system call while its runner waits for a command) is
+        the candidate's verdict, a StageError: nothing is measured beside it. With ``refuse=False`` the
+        context yields False instead."""
         procs = sandbox.freeze_tree(self.pid)
         try:
-            yield sandbox.wait_stopped(procs) if wait else True
+            still = not sandbox.unstopped(procs, settle)
+            if not still and refuse:
+                raise StageError("runtime_error", NOT_STOPPED)
+            yield still
         finally:
             sandbox.thaw(procs)
 
@@ -430,6 +438,10 @@ class RunnerProcess:
             self.payload.close()
             os.close(self.payload.fd)
             self.payload = None
+        # Every process of the tree, not only the runner, is gone before the next candidate is judged: a SIGKILL
+        # lands when a process leaves the kernel, and children inside a long system call (MAP_POPULATE: seconds)
+        # ran on beside the next candidate's calibration (round 4: its tolerance 11 ms instead of ~2).
+        tree = [self.pid, *(sandbox.descendants(self.pid) or [])]
         if self.proc is not None:
             sandbox.kill_and_wait(self.proc)
             streams = [self.proc.stdin, self.proc.stdout, self.proc.stderr]
@@ -445,6 +457,7 @@ class RunnerProcess:
                 except OSError:
                     pass
             self._fds = []
+        sandbox.wait_gone(tree, timeout=10.0)
         for stream in streams:
             try:
                 if stream:
@@ -453,6 +466,10 @@ class RunnerProcess:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
+
+
+NOT_STOPPED = ("the candidate's processes did not stop when the judge froze them to measure beside them (a thread "
+               "stayed inside one system call for seconds)")
 
 
 def _finite_ms(value: Any) -> float | None:
