@@ -203,7 +203,11 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
     if kernelbench_way_too:
         dev = devices[0]
         started = time.perf_counter()
-        rows = [kernelbench_way(p, s, dev, trials, reps=100) for p, _, s in batch]
+        rows = []
+        for n, (p, kind, s) in enumerate(batch, 1):  # a line per candidate: a run cut short still says how far
+            rows.append(kernelbench_way(p, s, dev, trials, reps=100))
+            print(f"[KernelBench way {n}/{len(batch)} {time.perf_counter() - started:.1f}s] {p.key} {kind}: "
+                  f"{rows[-1]['status']} in {rows[-1]['wall_s']:.1f} s", flush=True)
         kb_wall = time.perf_counter() - started
         report["kernelbench_way"] = {"wall_s": kb_wall, "per_candidate_s": kb_wall / len(batch),
                                      "statuses": sorted(r["status"] for r in rows), "rows": rows}
