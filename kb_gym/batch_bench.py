@@ -14,6 +14,7 @@ untrusted code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
+from kb_gym.batch_report import summarize
 from kb_gym.evaluator import Evaluator, resolve_devices
 from kb_gym.problems import Problem, ProblemError, load_problems, reference_as_candidate
 from kb_gym.problems.solutions import solution_backend, solution_files
@@ -44,17 +46,18 @@ EXPECTED = {"wrong": "incorrect", "raises": "runtime_error"}  # the others: corr
 
 def build_batch(size: str, problems: int = 16, device: str = "cuda") -> list[tuple[Problem, str, str]]:
     """(problem, kind, source) for the batch: four candidates per problem; our solutions are Triton or CUDA
-    (kind "triton" or "cuda"), the CUDA ones only where ``device`` is a GPU."""
+    (kind "triton" or "cuda"), the CUDA ones only where ``device`` is a GPU. Half the problems are built-in
+    ones with a solution of ours, spread over the levels and backends (_spread), half official ones."""
     builtin = {p.key: p for p in load_problems("builtin", size=size)}
-    files = {f"{f.parent.name}/{f.stem}": f for f in solution_files(device)}
-    solved = sorted(files)
-    chosen = [builtin[k] for k in solved if k in builtin][: problems // 2]
+    files = {f"{f.parent.name}/{f.stem}": f for f in solution_files(device) if f"{f.parent.name}/{f.stem}" in builtin}
+    ours = _spread(files)
+    chosen = [builtin[k] for k in ours[: problems // 2]]
     try:
         official = {p.key: p for p in load_problems("official")}
         chosen += [official[k] for k in OFFICIAL if k in official]
     except ProblemError:  # no official set here: built-in problems only
         pass
-    chosen += [builtin[k] for k in solved if k in builtin][problems // 2:]
+    chosen += [builtin[k] for k in ours[problems // 2:]]
     batch = []
     for p in chosen[:problems]:
         copy = reference_as_candidate(p)
@@ -62,6 +65,39 @@ def build_batch(size: str, problems: int = 16, device: str = "cuda") -> list[tup
         second = (p, solution_backend(solution), solution.read_text()) if solution else (p, "reference", copy)
         batch += [(p, "reference", copy), second, (p, "wrong", _scaled(copy)), (p, "raises", RAISES)]
     return batch
+
+
+def _spread(files: dict[str, Path]) -> list[str]:
+    """The solved problems in an order that takes turns over (level, backend) groups: on a GPU the first eight
+    are four CUDA and four Triton solutions over all three levels (sorted by name they were eight level-1
+    Triton ones, and the batch had no CUDA candidate)."""
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for key in sorted(files):
+        groups.setdefault((key.split("/")[0], solution_backend(files[key]) != "cuda"), []).append(key)
+    order, queues = [], [groups[g] for g in sorted(groups)]
+    while any(queues):
+        order += [q.pop(0) for q in queues if q]
+    return order
+
+
+def batch_part(batch: list[tuple[Problem, str, str]], part: tuple[int, int]) -> list[tuple[Problem, str, str]]:
+    """Part ``i`` of ``n`` of the batch, whole problems dealt out in turn (``kb-gym bench --batch --part i/n``):
+    the KernelBench way of the full batch takes longer than one 10-minute call on the device, so each call
+    measures both ways on one part, and ``merge_parts`` adds the parts up."""
+    i, n = part
+    if not 1 <= i <= n:
+        raise ValueError(f"part must be i/n with 1 <= i <= n, got {i}/{n}")
+    keys = list(dict.fromkeys(p.key for p, _, _ in batch))
+    mine = set(keys[i - 1::n])
+    return [row for row in batch if row[0].key in mine]
+
+
+def fingerprint(batch: list[tuple[Problem, str, str]]) -> str:
+    """Which batch this is: the parts of one batch carry the same fingerprint."""
+    digest = hashlib.sha256()
+    for p, kind, source in batch:
+        digest.update(f"{p.key}|{p.size}|{kind}|{hashlib.sha256(source.encode()).hexdigest()}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def _scaled(copy: str) -> str:
@@ -161,14 +197,20 @@ def kernelbench_way(problem: Problem, source: str, device: str, trials: int, rep
 
 
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,
-              out: str | None = None, backend: str = "local", workers_per_device: int = 1) -> dict[str, Any]:
+              out: str | None = None, backend: str = "local", workers_per_device: int = 1,
+              part: tuple[int, int] | None = None) -> dict[str, Any]:
     """``backend="ray"``: the same batch through the Ray service (a local cluster, one worker per device),
     to compare its wall with the local backend's (docs/distributed.md). ``workers_per_device`` (local): 2 lets
-    one worker load and compile while the other holds the device (the pipeline of docs/evaluation.md)."""
+    one worker load and compile while the other holds the device (the pipeline of docs/evaluation.md).
+    ``part`` (i, n): only part i of n of the batch, both ways (batch_part); batch_report.merge_parts adds the
+    parts' reports up. After the timed batch, the CUDA candidates are evaluated once more, untimed by the
+    wall: their loads then come from the build cache (``cuda_again``)."""
     on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
-    batch = build_batch(size, problems, "cuda" if on_gpu else "cpu")
+    whole = build_batch(size, problems, "cuda" if on_gpu else "cpu")
+    batch = batch_part(whole, part) if part else whole
     report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size,
-                              "backend": backend, "workers_per_device": workers_per_device}
+                              "backend": backend, "workers_per_device": workers_per_device,
+                              "batch": fingerprint(whole), "part": f"{part[0]}/{part[1]}" if part else None}
     with _evaluator(backend, device, workers_per_device) as ev:
         ev.warm()
         trials = ev.config.trials
@@ -188,18 +230,10 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
         wall = time.perf_counter() - t0
         busy = sampler.stop()
         devices = ev.devices
-    stages: dict[str, list[float]] = {}
-    for r in results:
-        for stage, seconds in r.stage_seconds.items():
-            stages.setdefault(stage, []).append(seconds)
-    report.update(wall_s=wall, per_candidate_s=wall / len(batch), gpu_busy=busy, devices=devices,
-                  evaluations_per_gpu_hour=3600 * len(batch) / (wall * max(1, len(devices))),
-                  stage_median_s={k: statistics.median(v) for k, v in stages.items()},
-                  statuses={kind: sorted(r.status for (_, k, _), r in zip(batch, results, strict=True) if k == kind)
-                            for kind in ("reference", "triton", "wrong", "raises")},
-                  build_cache_hits=sum(bool(r.worker.get("build_cached")) for r in results),
-                  rows=[{"problem": p.key, "kind": k, "status": r.status, "speedup": r.speedup,
-                         "total_s": r.stage_seconds.get("total")} for (p, k, _), r in zip(batch, results, strict=True)])
+        again = [(p, k, ev.submit(p, s)) for p, k, s in batch if k == "cuda"]
+        again_rows = [row_of(p, k, f.result()) for p, k, f in again]
+    report.update(wall_s=wall, gpu_busy=busy, devices=devices,
+                  rows=[row_of(p, k, r) for (p, k, _), r in zip(batch, results, strict=True)], cuda_again=again_rows)
     if kernelbench_way_too:
         dev = devices[0]
         started = time.perf_counter()
@@ -208,13 +242,17 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
             rows.append(kernelbench_way(p, s, dev, trials, reps=100))
             print(f"[KernelBench way {n}/{len(batch)} {time.perf_counter() - started:.1f}s] {p.key} {kind}: "
                   f"{rows[-1]['status']} in {rows[-1]['wall_s']:.1f} s", flush=True)
-        kb_wall = time.perf_counter() - started
-        report["kernelbench_way"] = {"wall_s": kb_wall, "per_candidate_s": kb_wall / len(batch),
-                                     "statuses": sorted(r["status"] for r in rows), "rows": rows}
-        report["speedup_over_kernelbench_way"] = kb_wall / wall
+        report["kernelbench_way"] = {"wall_s": time.perf_counter() - started, "rows": rows}
+    report = summarize(report)
     if out:
         Path(out).write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
+    return {"problem": problem.key, "kind": kind, "status": r.status, "speedup": r.speedup,
+            "stages": dict(r.stage_seconds), "total_s": r.stage_seconds.get("total"),
+            "build_cached": bool(r.worker.get("build_cached")), "worker_pid": r.worker.get("pid")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:
@@ -233,21 +271,3 @@ def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:
     gpus = 1.0 if all(d.startswith("cuda") for d in devices) else 0.0
     return RayEvaluator(address=None, name="kb_gym_batch_bench", workers=len(devices), results_path="",
                         gpus_per_worker=gpus)
-
-
-def format_batch(report: dict[str, Any]) -> str:
-    def f(v: Any, spec: str = ".2f") -> str:
-        return format(v, spec) if isinstance(v, int | float) else "-"
-
-    lines = [f"{report['candidates']} candidates on {report['problems']} problems ({report['size']} size), "
-             f"devices {', '.join(report['devices'])}",
-             f"Evaluator: {f(report['wall_s'], '.1f')} s, {f(report['per_candidate_s'])} s per candidate, "
-             f"{f(report['evaluations_per_gpu_hour'], '.0f')} evaluations per GPU-hour, GPU busy "
-             f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']}",
-             "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
-             "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items())]
-    kb = report.get("kernelbench_way")
-    if kb:
-        lines.append(f"KernelBench way: {f(kb['wall_s'], '.1f')} s, {f(kb['per_candidate_s'])} s per candidate; "
-                     f"the Evaluator is {f(report['speedup_over_kernelbench_way'])}x faster")
-    return "\n".join(lines)

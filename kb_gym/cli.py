@@ -125,14 +125,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.merge:
+        import json
+
+        from kb_gym.batch_report import format_batch, merge_parts
+
+        report = merge_parts(args.merge)
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+        print(format_batch(report))
+        return 0
     if args.batch:
-        from kb_gym.batch_bench import format_batch, run_batch
+        from kb_gym.batch_bench import run_batch
+        from kb_gym.batch_report import format_batch
         from kb_gym.problems.sizes import size_for_devices
 
         size = size_for_devices(args.device) if args.size == "auto" else args.size
+        part = None
+        if args.part:
+            i, _, n = args.part.partition("/")
+            if not (i.isdigit() and n.isdigit()):
+                raise SystemExit(f"--part takes I/N, e.g. 2/4; got {args.part!r}")
+            part = (int(i), int(n))
         report = run_batch(device=args.device, size=size, problems=args.problems,
                            kernelbench_way_too=not args.no_kernelbench_way, out=args.out, backend=args.backend,
-                           workers_per_device=args.workers_per_device)
+                           workers_per_device=args.workers_per_device, part=part)
         print(format_batch(report))
         return 0
     if args.fidelity:
@@ -340,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kernelbench-way", action="store_true", help="with --batch: skip the KernelBench-way run")
     p.add_argument("--problems", type=int, default=16,
                    help="with --batch: how many problems (four candidates each; half built-in, half official)")
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="with --batch: only part I of N of the batch (whole problems), both ways; the KernelBench "
+                        "way of the whole batch outlasts one 10-minute device call")
+    p.add_argument("--merge", nargs="+", default=None, metavar="PART_JSON",
+                   help="add up the --out reports of the parts of one batch and print the whole batch's table")
     p.add_argument("--workers-per-device", type=int, default=1,
                    help="with --batch (local backend): warm workers per device; 2 loads and compiles the next "
                         "candidate while one measures")
@@ -432,6 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=1000)
     p.add_argument("--fault-rate", type=float, default=0.2)
     p.add_argument("--max-minutes", type=float, default=60.0)
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="with --batch: only part I of N of the batch (whole problems), both ways; the KernelBench "
+                        "way of the whole batch outlasts one 10-minute device call")
+    p.add_argument("--merge", nargs="+", default=None, metavar="PART_JSON",
+                   help="add up the --out reports of the parts of one batch and print the whole batch's table")
     p.add_argument("--workers-per-device", type=int, default=1,
                    help="warm workers per device; they load side by side and take turns on the device")
     p.add_argument("--out", default=None, help="write the statistics as JSON here")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
+import pytest
+
 from kb_gym import load_problems
-from kb_gym.batch_bench import build_batch, format_batch, kernelbench_way, run_batch
+from kb_gym.batch_bench import batch_part, build_batch, fingerprint, kernelbench_way, run_batch
+from kb_gym.batch_report import format_batch, merge_parts
 
 
 def test_the_batch_is_four_candidates_a_problem_with_our_triton_solutions():
@@ -18,12 +22,58 @@ def test_the_batch_is_four_candidates_a_problem_with_our_triton_solutions():
     on_gpu = build_batch("cpu", problems=16, device="cuda")
     cuda = [source for _, kind, source in on_gpu if kind == "cuda"]
     assert cuda and all("load_inline" in source for source in cuda)
+    # the first eight solved problems (the built-in half beside the official set) take turns over levels and
+    # backends: four CUDA, four Triton, all three levels
+    first = on_gpu[: 8 * 4]
+    assert sorted(k for _, k, _ in first if k in ("cuda", "triton")) == ["cuda"] * 4 + ["triton"] * 4
+    assert {p.level for p, _, _ in first} == {1, 2, 3}
+
+
+def test_the_parts_of_a_batch_deal_out_whole_problems_once_each():
+    batch = build_batch("cpu", problems=16, device="cpu")
+    parts = [batch_part(batch, (i, 3)) for i in (1, 2, 3)]
+    assert sorted(map(id, (row for part in parts for row in part))) == sorted(map(id, batch))
+    keys = [{p.key for p, _, _ in part} for part in parts]
+    assert not (keys[0] & keys[1] or keys[1] & keys[2] or keys[0] & keys[2])
+    with pytest.raises(ValueError):
+        batch_part(batch, (4, 3))
+    assert fingerprint(batch) == fingerprint(build_batch("cpu", problems=16, device="cpu")) != fingerprint(parts[0])
+
+
+def _part(i: int, n: int, wall: float, kb_wall: float, busy: float) -> dict:
+    rows = [{"problem": f"p{i}", "kind": kind, "status": status, "speedup": None, "total_s": 2.0,
+             "stages": {"load": 20.0 if kind == "cuda" else 0.1, "total": 2.0, "queue": 0.5},
+             "build_cached": False, "worker_pid": 1}
+            for kind, status in (("reference", "correct"), ("cuda", "correct"), ("wrong", "incorrect"))]
+    again = [{**rows[1], "build_cached": True, "stages": {"load": 0.1, "total": 1.0}, "total_s": 1.0}]
+    return {"size": "gpu", "backend": "local", "workers_per_device": 1, "batch": "b1", "devices": ["cuda:0"],
+            "part": f"{i}/{n}", "problems": 1, "wall_s": wall, "gpu_busy": busy, "rows": rows, "cuda_again": again,
+            "kernelbench_way": {"wall_s": kb_wall, "rows": [{"status": r["status"]} for r in rows]}}
+
+
+def test_parts_measured_in_separate_runs_add_up_to_the_batch(tmp_path):
+    files = []
+    for i, (wall, kb, busy) in enumerate([(10.0, 100.0, 0.5), (30.0, 140.0, 0.7)], 1):
+        files.append(tmp_path / f"part{i}.json")
+        files[-1].write_text(json.dumps(_part(i, 2, wall, kb, busy)))
+    merged = merge_parts(files)
+    assert merged["candidates"] == 6 and merged["wall_s"] == 40.0
+    assert merged["speedup_over_kernelbench_way"] == 240.0 / 40.0
+    assert abs(merged["gpu_busy"] - (0.5 * 10 + 0.7 * 30) / 40) < 1e-9
+    assert merged["targets"]["cuda_cold_load_s"] == 20.0 and merged["targets"]["cuda_cache_hits"] == "2/2"
+    assert "6.00x faster" in format_batch(merged)
+    with pytest.raises(ValueError, match="once each"):
+        merge_parts([files[0], files[0]])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**_part(2, 2, 1.0, 1.0, 0.1), "batch": "b2"}))
+    with pytest.raises(ValueError, match="one batch"):
+        merge_parts([files[0], other])
 
 
 def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_beside_it(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     report = run_batch(device="cpu", size="cpu", problems=2, out=str(tmp_path / "batch.json"))
-    assert report["candidates"] == 8 and report["problems"] == 2
+    assert report["candidates"] == 8 and report["problems"] == 2 and report["part"] is None
     assert set(report["statuses"]["reference"]) == {"correct"} and set(report["statuses"]["triton"]) == {"correct"}
     assert set(report["statuses"]["wrong"]) == {"incorrect"}
     assert set(report["statuses"]["raises"]) == {"runtime_error"}

@@ -1,0 +1,96 @@
+"""What ``kb-gym bench --batch`` reports, from its rows: the wall and its ratio to the KernelBench way, stage
+medians, verdicts, build-cache hits and the throughput issue's target figures; parts of one batch measured in
+separate runs added up (``merge_parts``); and the printed table (``format_batch``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+KINDS = ("reference", "triton", "cuda", "wrong", "raises")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures derived from ``report``'s rows, wall and KernelBench-way rows, added to it."""
+    rows, wall = report["rows"], report["wall_s"]
+    devices = max(1, len(report.get("devices") or []))
+    stages: dict[str, list[float]] = {}
+    for row in rows:
+        for stage, seconds in row["stages"].items():
+            stages.setdefault(stage, []).append(seconds)
+    cuda = [r for r in rows if r["kind"] == "cuda" and not r["build_cached"]]
+    again = report.get("cuda_again") or []
+    report.update(
+        candidates=len(rows), per_candidate_s=wall / len(rows),
+        evaluations_per_gpu_hour=3600 * len(rows) / (wall * devices),
+        stage_median_s={k: statistics.median(v) for k, v in stages.items()},
+        statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
+        build_cache_hits=sum(r["build_cached"] for r in rows),
+        targets={  # the throughput issue's figures (medians, seconds)
+            "cuda_cold_load_s": _median([r["stages"].get("load", 0.0) for r in cuda]),
+            "cuda_cold_total_s": _median([r["total_s"] for r in cuda if r["total_s"] is not None]),
+            "cuda_cache_hit_load_s": _median([r["stages"].get("load", 0.0) for r in again if r["build_cached"]]),
+            "cuda_cache_hit_total_s": _median([r["total_s"] for r in again if r["build_cached"] and r["total_s"]]),
+            "cuda_cache_hits": f"{sum(r['build_cached'] for r in again)}/{len(again)}",
+            "triton_warm_total_s": _median([r["stages"].get("total", 0.0) - r["stages"].get("queue", 0.0)
+                                            for r in rows if r["kind"] == "triton"]),
+        })
+    kb = report.get("kernelbench_way")
+    if kb:
+        kb.update(per_candidate_s=kb["wall_s"] / len(kb["rows"]), statuses=sorted(r["status"] for r in kb["rows"]))
+        report["speedup_over_kernelbench_way"] = kb["wall_s"] / wall
+    return report
+
+
+def merge_parts(paths: list[str | Path]) -> dict[str, Any]:
+    """The reports of parts i/n of one batch (``--part``), added up: walls summed (each part's two ways ran in
+    one run on one machine), rows joined, the GPU's busy share weighted by wall. Refuses parts of different
+    batches, repeated parts, or a set that misses one."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    batches = {p.get("batch") for p in parts}
+    if len(batches) != 1 or None in batches:
+        raise ValueError(f"the reports are not parts of one batch: {sorted(map(str, batches))}")
+    numbers = sorted(p.get("part") or "" for p in parts)
+    total = int(numbers[0].split("/")[1]) if numbers[0] else 0
+    if numbers != sorted(f"{i}/{total}" for i in range(1, total + 1)):
+        raise ValueError(f"parts {numbers} are not 1..{total} of {total}, once each")
+    busy = [(p["gpu_busy"], p["wall_s"]) for p in parts]
+    merged = {**{k: parts[0][k] for k in ("size", "backend", "workers_per_device", "batch", "devices")},
+              "part": f"{total} parts", "problems": sum(p["problems"] for p in parts),
+              "wall_s": sum(p["wall_s"] for p in parts), "rows": [r for p in parts for r in p["rows"]],
+              "cuda_again": [r for p in parts for r in p.get("cuda_again") or []],
+              "gpu_busy": (sum(b * w for b, w in busy) / sum(w for _, w in busy)
+                           if all(b is not None for b, _ in busy) else None)}
+    if all(p.get("kernelbench_way") for p in parts):
+        merged["kernelbench_way"] = {"wall_s": sum(p["kernelbench_way"]["wall_s"] for p in parts),
+                                     "rows": [r for p in parts for r in p["kernelbench_way"]["rows"]]}
+    return summarize(merged)
+
+
+def format_batch(report: dict[str, Any]) -> str:
+    def f(v: Any, spec: str = ".2f") -> str:
+        return format(v, spec) if isinstance(v, int | float) else "-"
+
+    t = report["targets"]
+    part = f", part {report['part']}" if report.get("part") else ""
+    lines = [f"{report['candidates']} candidates on {report['problems']} problems ({report['size']} size{part}), "
+             f"devices {', '.join(report['devices'])}",
+             f"Evaluator: {f(report['wall_s'], '.1f')} s, {f(report['per_candidate_s'])} s per candidate, "
+             f"{f(report['evaluations_per_gpu_hour'], '.0f')} evaluations per GPU-hour, GPU busy "
+             f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']}",
+             "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
+             "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
+             f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, whole {f(t['cuda_cold_total_s'])} s; again: "
+             f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, whole "
+             f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s (medians)"]
+    kb = report.get("kernelbench_way")
+    if kb:
+        lines.append(f"KernelBench way: {f(kb['wall_s'], '.1f')} s, {f(kb['per_candidate_s'])} s per candidate; "
+                     f"the Evaluator is {f(report['speedup_over_kernelbench_way'])}x faster")
+    return "\n".join(lines)
