@@ -198,21 +198,26 @@ def kernelbench_way(problem: Problem, source: str, device: str, trials: int, rep
 
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,
               out: str | None = None, backend: str = "local", workers_per_device: int = 1,
-              part: tuple[int, int] | None = None) -> dict[str, Any]:
+              part: tuple[int, int] | None = None, warm_builds: bool = False) -> dict[str, Any]:
     """``backend="ray"``: the same batch through the Ray service (a local cluster, one worker per device),
     to compare its wall with the local backend's (docs/distributed.md). ``workers_per_device`` (local): 2 lets
     one worker load and compile while the other holds the device (the pipeline of docs/evaluation.md).
     ``part`` (i, n): only part i of n of the batch, both ways (batch_part); batch_report.merge_parts adds the
     parts' reports up. After the timed batch, the CUDA candidates are evaluated once more, untimed by the
-    wall: their loads then come from the build cache (``cuda_again``)."""
+    wall: their loads then come from the build cache (``cuda_again``). ``warm_builds``: the CUDA candidates are
+    built (evaluated once) before the clock starts, so that two runs compared with each other (local against
+    Ray) do not differ by nvcc's own variation; the cold-build figures are then absent."""
     on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
     whole = build_batch(size, problems, "cuda" if on_gpu else "cpu")
     batch = batch_part(whole, part) if part else whole
     report: dict[str, Any] = {"candidates": len(batch), "problems": len({p.key for p, _, _ in batch}), "size": size,
                               "backend": backend, "workers_per_device": workers_per_device,
-                              "batch": fingerprint(whole), "part": f"{part[0]}/{part[1]}" if part else None}
+                              "batch": fingerprint(whole), "part": f"{part[0]}/{part[1]}" if part else None,
+                              "builds_warmed": warm_builds}
     with _evaluator(backend, device, workers_per_device) as ev:
         ev.warm()
+        for f in [ev.submit(p, s) for p, k, s in batch if k == "cuda" and warm_builds]:
+            f.result()
         trials = ev.config.trials
         sampler = BusySampler()
         t0 = time.perf_counter()

@@ -149,7 +149,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             part = (int(i), int(n))
         report = run_batch(device=args.device, size=size, problems=args.problems,
                            kernelbench_way_too=not args.no_kernelbench_way, out=args.out, backend=args.backend,
-                           workers_per_device=args.workers_per_device, part=part)
+                           workers_per_device=args.workers_per_device, part=part, warm_builds=args.warm_builds)
         print(format_batch(report))
         return 0
     if args.fidelity:
@@ -360,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", default=None, metavar="I/N",
                    help="with --batch: only part I of N of the batch (whole problems), both ways; the KernelBench "
                         "way of the whole batch outlasts one 10-minute device call")
+    p.add_argument("--warm-builds", action="store_true",
+                   help="with --batch: build the CUDA candidates before the clock starts (to compare two runs)")
     p.add_argument("--merge", nargs="+", default=None, metavar="PART_JSON",
                    help="add up the --out reports of the parts of one batch and print the whole batch's table")
     p.add_argument("--workers-per-device", type=int, default=1,
@@ -457,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", default=None, metavar="I/N",
                    help="with --batch: only part I of N of the batch (whole problems), both ways; the KernelBench "
                         "way of the whole batch outlasts one 10-minute device call")
+    p.add_argument("--warm-builds", action="store_true",
+                   help="with --batch: build the CUDA candidates before the clock starts (to compare two runs)")
     p.add_argument("--merge", nargs="+", default=None, metavar="PART_JSON",
                    help="add up the --out reports of the parts of one batch and print the whole batch's table")
     p.add_argument("--workers-per-device", type=int, default=1,

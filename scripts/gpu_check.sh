@@ -74,14 +74,16 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
            || return 1
          export PYTHONPATH=$SITE:/tmp/kb_ray_site
          python3 -c "import ray; print('ray', ray.__version__)" || return 1
-         # Each backend gets a cache folder of its own, so that neither reuses the other's builds and baselines.
-         # Never the KernelBench way here (that is the batch part's). From /tmp: Ray puts the driver's working
-         # directory on its workers' sys.path, and the repository root's kb_gym/ would shadow the installed one.
-         rm -rf /tmp/kb_gym_cache_local /tmp/kb_gym_cache_ray
-         (cd /tmp && KB_GYM_CACHE=/tmp/kb_gym_cache_local kb bench --batch --no-kernelbench-way ${BATCH_ARGS:-} \
-            --out "$OUT/batch-local.json" && \
-          KB_GYM_CACHE=/tmp/kb_gym_cache_ray kb bench --batch --no-kernelbench-way --backend ray ${BATCH_ARGS:-} \
-            --out "$OUT/batch-ray.json") ;;
+         # One fresh cache folder for both: the CUDA candidates are built once, before the local run's clock starts
+         # (--warm-builds), so neither wall holds nvcc or its variation; the default preset times every baseline
+         # beside its candidate, so nothing else cached passes from one run to the other. Never the KernelBench
+         # way here (the batch part's). From /tmp: Ray puts the driver's working directory on its workers'
+         # sys.path, and the repository root's kb_gym/ would shadow the installed one.
+         rm -rf /tmp/kb_gym_cache_cmp
+         (cd /tmp && export KB_GYM_CACHE=/tmp/kb_gym_cache_cmp && \
+          kb bench --batch --no-kernelbench-way --warm-builds ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
+          kb bench --batch --no-kernelbench-way --warm-builds --backend ray \
+            ${BATCH_ARGS:-} --out "$OUT/batch-ray.json") ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
