@@ -456,13 +456,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=1000)
     p.add_argument("--fault-rate", type=float, default=0.2)
     p.add_argument("--max-minutes", type=float, default=60.0)
-    p.add_argument("--part", default=None, metavar="I/N",
-                   help="with --batch: only part I of N of the batch (whole problems), both ways; the KernelBench "
-                        "way of the whole batch outlasts one 10-minute device call")
-    p.add_argument("--warm-builds", action="store_true",
-                   help="with --batch: build the CUDA candidates before the clock starts (to compare two runs)")
-    p.add_argument("--merge", nargs="+", default=None, metavar="PART_JSON",
-                   help="add up the --out reports of the parts of one batch and print the whole batch's table")
     p.add_argument("--workers-per-device", type=int, default=1,
                    help="warm workers per device; they load side by side and take turns on the device")
     p.add_argument("--out", default=None, help="write the statistics as JSON here")
