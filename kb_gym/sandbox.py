@@ -132,20 +132,19 @@ def freeze_tree(pid: int) -> list[int]:
     return sorted(stopped)
 
 
-def wait_stopped(pids: list[int], timeout: float = 1.0) -> bool:
-    """Whether every one of ``pids`` is stopped (or gone) within ``timeout``."""
-    return not unstopped(pids, timeout)
-
-
-def unstopped(pids: list[int], timeout: float = 1.0) -> list[int]:
-    """Those of ``pids`` with a thread still not stopped after ``timeout``. SIGSTOP lands when a thread next
+def unstopped(pids: list[int], timeout: float = 1.0, asleep_is_stopped: bool = True) -> list[int]:
+    """Those of ``pids`` with a thread still running after ``timeout``. SIGSTOP lands when a thread next
     leaves the kernel, so one inside a long system call (a write, a MAP_POPULATE of 16 GB: ~0.5 s) runs on
-    after os.kill returns; and a process's state in /proc/PID/stat is its first thread's only."""
+    after os.kill returns; and a process's state in /proc/PID/stat is its first thread's only. A thread asleep
+    (S) counts as stopped unless ``asleep_is_stopped`` is False: it uses no CPU, and when it wakes it stops
+    before running anything of its own (an idle runner, asleep in its read, would otherwise cost each freeze a
+    trip through the scheduler); but a system call it sleeps in may still finish first (a write)."""
+    done = ("T", "t", "Z", "X", None) + (("S", "I") if asleep_is_stopped else ())
     deadline = time.monotonic() + timeout
     pause = 1e-4
     pending = list(pids)
     while True:
-        pending = [p for p in pending if not _all_threads_stopped(p)]
+        pending = [p for p in pending if not _all_threads_in(p, done)]
         if not pending or time.monotonic() > deadline:
             return pending
         time.sleep(pause)
@@ -166,12 +165,12 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> bool:
     return True
 
 
-def _all_threads_stopped(pid: int) -> bool:
+def _all_threads_in(pid: int, states: tuple[str | None, ...]) -> bool:
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True  # gone
-    return all(_state(f"{pid}/task/{tid}") in ("T", "t", "Z", "X", None) for tid in tids)
+    return all(_state(f"{pid}/task/{tid}") in states for tid in tids)
 
 
 def _state(pid: int | str) -> str | None:

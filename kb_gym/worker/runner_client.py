@@ -411,7 +411,7 @@ class RunnerProcess:
         return self._large_buffer
 
     @contextlib.contextmanager
-    def frozen(self, settle: float = 2.0, refuse: bool = True) -> Iterator[bool]:
+    def frozen(self, settle: float = 2.0, refuse: bool = True, asleep_is_stopped: bool = True) -> Iterator[bool]:
         """The runner and everything it started stopped (SIGSTOP) for the duration: nothing of the candidate
         competes for the CPU with the baseline or with a calibration (a candidate that left busy children
         running during the spare's calibration widened the envelope's tolerance 5-fold and hid 3 ms a call).
@@ -422,10 +422,11 @@ class RunnerProcess:
         calibration, tolerance 8-13 ms instead of ~2). A tree with a thread still running after ``settle``
         seconds (nothing honest spends seconds in one system call while its runner waits for a command) is
         the candidate's verdict, a StageError: nothing is measured beside it. With ``refuse=False`` the
-        context yields False instead."""
+        context yields False instead. ``asleep_is_stopped=False``: threads asleep in a system call must stop
+        too (before the judge reads files the runner may be writing)."""
         procs = sandbox.freeze_tree(self.pid)
         try:
-            still = not sandbox.unstopped(procs, settle)
+            still = not sandbox.unstopped(procs, settle, asleep_is_stopped)
             if not still and refuse:
                 raise StageError("runtime_error", NOT_STOPPED)
             yield still
