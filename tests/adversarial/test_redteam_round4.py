@@ -89,7 +89,8 @@ class ModelNew(nn.Module):
 '''
 
 
-@pytest.mark.xfail(ON_CPU, strict=True, reason="round 4: gets through: a reported event time is believed whenever "
+# The same hole on a GPU (floor 0.3 ms, eager GELU here ~0.01 ms): expected through there too, not yet run.
+@pytest.mark.xfail(strict=ON_CPU, reason="round 4: gets through: a reported event time is believed whenever "
                    "the envelope's excess is under its floor (timing.PairedTiming.hidden_work), 56x for eager GELU")
 def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
     r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict"))
