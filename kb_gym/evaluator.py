@@ -284,6 +284,8 @@ class Evaluator(EvaluationAPI):
             if item is None:
                 return
             job, problem, cfg, findings, future, queued = item
+            if not future.set_running_or_notify_cancel():  # cancelled while queued: nothing to run or record
+                continue
             try:
                 result = self._run_on(handle, job, problem, cfg, findings, queued)
             except Exception as exc:  # noqa: BLE001 - the caller always gets a verdict, and it is recorded

@@ -409,3 +409,16 @@ def test_the_rl_preset_times_the_baseline_once_per_problem(relu, tmp_path):
     # timed once, alone (a baseline-only job on the first miss), then reused by both candidates
     assert first.baseline_cached and second.baseline_cached and len(cache) == 1
     assert second.ref_runtime_ms == first.ref_runtime_ms and second.timing_reps <= 60
+
+
+def test_a_cancelled_submission_is_skipped_and_the_worker_serves_on(ev, relu):
+    """A caller may cancel a queued evaluation (the tool environment drops calls TRL never makes): it is not
+    run, and the worker thread that dequeues it goes on serving (set_result on it used to raise there)."""
+    from kb_gym.problems import reference_as_candidate
+
+    busy = ev.submit(relu, reference_as_candidate(relu))  # holds the one worker
+    dropped = ev.submit(relu, reference_as_candidate(relu).replace("torch.relu", "torch.nn.functional.relu"))
+    assert dropped.cancel()
+    after = ev.submit(relu, reference_as_candidate(relu))
+    assert busy.result(timeout=300).status == "correct" and after.result(timeout=300).status == "correct"
+    assert dropped.cancelled()

@@ -301,7 +301,7 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
 
     factory = KernelToolEnvFactory("builtin", max_submissions=2, evaluator=reward_fn.evaluator)
     env = factory()
-    nothing = env.episode_reward() if env.reset(problem_key=RELU) is None else None
+    nothing = env._episode_reward() if env.reset(problem_key=RELU) is None else None
     wrong = env.submit_kernel(WRONG_RELU)
     assert wrong.startswith("incorrect:") and "1 submission(s) left" in wrong
     right = env.submit_kernel(SOLUTION)
@@ -382,6 +382,8 @@ def test_grpo_trainer_accepts_the_tool_environment(tiny_lm, tmp_path):
                               processing_class=tokenizer, environment_factory=factory,
                               reward_funcs=[factory.reward_function()])
         trainer.train()
+    # The one tool the policy is offered (TRL offers every public method of the environment).
+    assert [tool.__name__ for tool in trainer.tools] == ["submit_kernel"]
     logged = trainer.state.log_history[0]
     # the tool path logs our metrics too: a random model calls no tool and writes no code block
     assert logged["kernel_tool/tool_use"] == 0.0 and logged["kernel_tool/submissions"] == 0.0
@@ -557,3 +559,72 @@ def test_grpo_runs_two_steps_through_the_multi_turn_rollout(tiny_lm, tmp_path):
     logged = trainer.state.log_history[0]
     assert logged["kernel_multi_turn/turns"] == 2.0 and "kernel_multi_turn/turn2/reward" in logged
     assert "rewards/kernel_multi_turn/mean" in logged
+
+
+SLOW_COPY = '''
+import time
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        time.sleep(1.5)  # a slow build, as an nvcc compile is
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+def test_submit_kernel_calls_of_different_rollouts_overlap(tiny_lm, tmp_path):
+    """TRL's tool loop calls one rollout's tools after another's; overlap_tool_calls submits every call of a
+    turn to the Evaluator as soon as the turn is generated. Two rollouts, two workers: the two evaluations run
+    at the same time. The policy is scripted: each rollout calls submit_kernel once, then stops."""
+    import threading
+    import time
+
+    from trl import GRPOConfig, GRPOTrainer
+    qwen3_chat_template = getattr(pytest.importorskip("trl.chat_template_utils"), "qwen3_chat_template", None)
+    if qwen3_chat_template is None:
+        pytest.skip("this TRL has no Qwen3 template to parse tool calls with")
+
+    from kb_gym.training import KernelToolEnvFactory, overlap_tool_calls
+
+    model, tokenizer = tiny_lm
+    tokenizer.chat_template = qwen3_chat_template
+    relu = next(p for p in load_problems("builtin", size="cpu") if p.key == RELU)
+    call = "<tool_call>\n" + json.dumps({"name": "submit_kernel", "arguments": {"code": SLOW_COPY}}) + "\n</tool_call>"
+    spans, lock = [], threading.Lock()
+
+    with Evaluator("cpu", config=SMALL, results_path=False, workers_per_device=2) as ev:
+        ev.warm()
+        submit = ev.submit
+
+        def recorded_submit(problem, text, **kw):
+            started = time.perf_counter()
+            future = submit(problem, text, **kw)
+            future.add_done_callback(lambda _: spans.append((started, time.perf_counter())))
+            return future
+
+        ev.submit = recorded_submit
+        ev.evaluate = lambda problem, text, **kw: recorded_submit(problem, text, **kw).result()
+        factory = KernelToolEnvFactory([relu], evaluator=ev, size="cpu")
+        trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
+                                                           report_to=[], **{**GRPO_STEP,
+                                                                           "max_completion_length": 4096}),
+                              train_dataset=build_prompt_dataset([relu], one_shot=False, tool_calls=2),
+                              processing_class=tokenizer, environment_factory=factory,
+                              reward_funcs=[factory.reward_function()])
+        turns = []
+
+        def scripted(prompt_ids, *args, **kwargs):  # the policy: a tool call first, then a last word
+            text = call if not turns else "done"
+            with lock:
+                turns.append(len(prompt_ids))
+            return [tokenizer.encode(text, add_special_tokens=False) for _ in prompt_ids], None
+
+        trainer._generate_single_turn = scripted
+        overlap_tool_calls(trainer)
+        trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["kernel_tool/submissions"] == 1.0 and logged["kernel_tool/tool_use"] == 1.0, logged
+    assert len(spans) == 2, spans
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 < a1 - 1.0, spans  # the second started well before the first ended: they ran side by side

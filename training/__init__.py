@@ -10,8 +10,8 @@ from kb_gym.training.reward_function import (
     completion_text,
 )
 from kb_gym.training.rollout import KernelMultiTurnRollout
-from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory, KernelToolReward
+from kb_gym.training.tool_env import KernelToolEnv, KernelToolEnvFactory, KernelToolReward, overlap_tool_calls
 
 __all__ = ["KernelMultiTurnRollout", "KernelRewardConfig", "KernelRewardFunction", "KernelToolEnv",
            "KernelToolEnvFactory", "KernelToolReward", "ModelLoadError", "batch_metrics", "build_prompt_dataset",
-           "completion_text", "prompt_rows"]
+           "completion_text", "overlap_tool_calls", "prompt_rows"]

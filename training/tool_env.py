@@ -7,10 +7,11 @@ the factory's reward function scores each one: the best (or last) submission's r
 made no tool call but ended with a fenced code block has that answer evaluated once; else the no-code
 (format error) reward. It logs the same metrics as the single-turn reward function.
 
-    factory = KernelToolEnvFactory(dataset="builtin", max_submissions=4)
+    factory = KernelToolEnvFactory(dataset="builtin", max_submissions=4, workers_per_device=2)
     trainer = GRPOTrainer(model=..., args=..., reward_funcs=[factory.reward_function()],
                           train_dataset=build_prompt_dataset("builtin", tool_calls=4),
                           environment_factory=factory)
+    overlap_tool_calls(trainer)  # different rollouts' calls evaluated side by side
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ class KernelToolEnv:
         self._score = score
         self.problem: Problem | None = None
         self.results: list[EvalResult] = []
+        self._prefetched: list[tuple[str, Future]] = []  # (code, its evaluation) started before TRL's call
 
     def reset(self, problem_key: str = "", **_: Any) -> str | None:
         """Start a rollout on the row's problem (TRL passes the dataset row's columns)."""
         self.problem = self._problems.get(problem_key)
         self.results = []
+        self._drop_prefetched()
         if self.problem is None:
             return f"(No problem with key {problem_key!r} is loaded; submissions cannot be evaluated.)"
         return None  # the prompt already holds the task
@@ -60,12 +63,34 @@ class KernelToolEnv:
             return "No problem is loaded for this rollout."
         if len(self.results) >= self._max_submissions:
             return f"Submission limit reached ({self._max_submissions}); the best submission so far counts."
-        result = self._evaluator.evaluate(self.problem, code)
+        started = next((k for k, (c, _) in enumerate(self._prefetched) if c == code), None)
+        if started is not None:
+            result = self._prefetched.pop(started)[1].result()
+        else:
+            result = self._evaluator.evaluate(self.problem, code)
         self.results.append(result)
         left = self._max_submissions - len(self.results)
         return f"{result.status}: {result.feedback}\n({left} submission(s) left)"
 
-    def episode_reward(self) -> float:
+    def _prefetch(self, message: Any) -> None:
+        """Start evaluating the ``submit_kernel`` calls of a generated assistant message now, before TRL calls
+        the tool (overlap_tool_calls); the call then only waits for its result. Within the submission limit."""
+        if self.problem is None or not isinstance(message, dict):
+            return
+        for call in message.get("tool_calls") or []:
+            function = (call.get("function") or {}) if isinstance(call, dict) else {}
+            code = (function.get("arguments") or {}).get("code") if function.get("name") == "submit_kernel" else None
+            if isinstance(code, str) and len(self.results) + len(self._prefetched) < self._max_submissions:
+                self._prefetched.append((code, self._evaluator.submit(self.problem, code)))
+
+    def _drop_prefetched(self) -> None:
+        """Forget evaluations started for calls TRL did not make (its last turn's calls, say): cancelled where
+        still queued; they count for nothing."""
+        for _, future in self._prefetched:
+            future.cancel()
+        self._prefetched = []
+
+    def _episode_reward(self) -> float:
         """The best (or, with ``score="last"``, the final) submission's reward; the format-error reward
         when there was none. (Not ``get_reward``: TRL would take that as the environment owning the reward,
         and the final-answer fallback of the factory's reward function could not run.)"""
@@ -74,6 +99,53 @@ class KernelToolEnv:
         if self._score == "last":
             return float(self._reward(self.results[-1])[0])
         return max(float(self._reward(r)[0]) for r in self.results)
+
+
+class _Prefetching(list):
+    """A rollout's message list that starts evaluating a message's tool calls as TRL appends it."""
+
+    def __init__(self, messages: list[Any], env: KernelToolEnv) -> None:
+        super().__init__(messages)
+        self.env = env
+
+    def append(self, message: Any) -> None:
+        super().append(message)
+        self.env._prefetch(message)
+
+
+def overlap_tool_calls(trainer: Any) -> Any:
+    """Make the ``submit_kernel`` calls of different rollouts run at the same time under TRL's GRPOTrainer.
+
+    TRL 1.16's tool loop calls one rollout's tools after another's, so a step's evaluations queue behind each
+    other whatever the Evaluator's workers. Here every call a turn generates is submitted to the Evaluator as
+    soon as the turn's messages exist: those of the first turn before TRL's loop starts, later ones as TRL
+    appends each regenerated message to its rollout. TRL's own call then waits for its result. Calls TRL
+    does not make (the last turn's, past ``max_tool_calling_iterations``) are dropped at the loop's end. A
+    TRL whose loop works differently only loses the overlap. Returns ``trainer``."""
+    inner = trainer._tool_call_loop
+
+    def loop(prompts: Any, prompt_ids: Any, completion_ids: Any, completions: list[Any], *rest: Any) -> Any:
+        envs: list[KernelToolEnv | None] = []
+        for tools in getattr(trainer, "_sync_tool_dicts", None) or []:
+            env = getattr(tools.get("submit_kernel"), "__self__", None)
+            envs.append(env if isinstance(env, KernelToolEnv) else None)
+        for i, env in enumerate(envs):
+            if env is not None and i < len(completions) and isinstance(completions[i], list):
+                for message in completions[i]:
+                    env._prefetch(message)
+                completions[i] = _Prefetching(completions[i], env)
+        try:
+            return inner(prompts, prompt_ids, completion_ids, completions, *rest)
+        finally:
+            for i, messages in enumerate(completions):
+                if isinstance(messages, _Prefetching):
+                    completions[i] = list(messages)  # plain lists leave: they are gathered and pickled later
+            for env in envs:
+                if env is not None:
+                    env._drop_prefetched()
+
+    trainer._tool_call_loop = loop
+    return trainer
 
 
 class KernelToolEnvFactory:
@@ -149,7 +221,7 @@ class KernelToolReward:
                 final.append((env, self.factory.evaluator.submit(env.problem, text)))
         for env, future in final:
             env.results.append(future.result())
-        rewards = [env.episode_reward() for env in environments]
+        rewards = [env._episode_reward() for env in environments]
         if log_metric is not None:
             results = [r for env in environments for r in env.results]
             # (no eval_seconds: the submissions were evaluated during generation, inside the tool calls)
