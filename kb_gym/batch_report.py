@@ -62,7 +62,7 @@ def merge_parts(paths: list[str | Path]) -> dict[str, Any]:
         raise ValueError(f"parts {numbers} are not 1..{total} of {total}, once each")
     busy = [(p["gpu_busy"], p["wall_s"]) for p in parts]
     merged = {**{k: parts[0][k] for k in ("size", "backend", "workers_per_device", "batch", "devices")},
-              "part": f"{total} parts", "problems": sum(p["problems"] for p in parts),
+              "part": None, "parts_merged": total, "problems": sum(p["problems"] for p in parts),
               "wall_s": sum(p["wall_s"] for p in parts), "rows": [r for p in parts for r in p["rows"]],
               "cuda_again": [r for p in parts for r in p.get("cuda_again") or []],
               "gpu_busy": (sum(b * w for b, w in busy) / sum(w for _, w in busy)
@@ -78,7 +78,8 @@ def format_batch(report: dict[str, Any]) -> str:
         return format(v, spec) if isinstance(v, int | float) else "-"
 
     t = report["targets"]
-    part = f", part {report['part']}" if report.get("part") else ""
+    part = (f", part {report['part']}" if report.get("part") else
+            f", {report['parts_merged']} parts added up" if report.get("parts_merged") else "")
     lines = [f"{report['candidates']} candidates on {report['problems']} problems ({report['size']} size{part}), "
              f"devices {', '.join(report['devices'])}",
              f"Evaluator: {f(report['wall_s'], '.1f')} s, {f(report['per_candidate_s'])} s per candidate, "

@@ -130,7 +130,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         from kb_gym.batch_report import format_batch, merge_parts
 
-        report = merge_parts(args.merge)
+        try:
+            report = merge_parts(args.merge)
+        except (OSError, ValueError, KeyError) as exc:  # a missing file, bad JSON, parts of different batches
+            raise SystemExit(f"kb-gym bench --merge: {exc}") from None
         if args.out:
             Path(args.out).write_text(json.dumps(report, indent=1, default=str))
         print(format_batch(report))

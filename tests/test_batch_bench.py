@@ -68,6 +68,10 @@ def test_parts_measured_in_separate_runs_add_up_to_the_batch(tmp_path):
     other.write_text(json.dumps({**_part(2, 2, 1.0, 1.0, 0.1), "batch": "b2"}))
     with pytest.raises(ValueError, match="one batch"):
         merge_parts([files[0], other])
+    from kb_gym.cli import main
+
+    with pytest.raises(SystemExit, match="--merge: parts"):  # the command says what is wrong, no traceback
+        main(["bench", "--merge", str(files[0])])
 
 
 def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_beside_it(monkeypatch, tmp_path):
