@@ -309,15 +309,15 @@ def test_tool_env_evaluates_submissions_and_rewards_the_best(reward_fn):
     env_results = [env.results[1], env.results[0]]  # correct first, then wrong: "last" takes the wrong one
     assert "limit reached" in env.submit_kernel(SOLUTION) and len(env.results) == 2
     default = reward_fn._reward
-    assert env.episode_reward() == max(default(r)[0] for r in env.results) > nothing
+    assert env._episode_reward() == max(default(r)[0] for r in env.results) > nothing
     assert nothing == default(EvalResult(status="format_error"))[0]
     env.reset(problem_key=RELU)
-    assert env.results == [] and env.episode_reward() == nothing  # a new rollout starts clean
+    assert env.results == [] and env._episode_reward() == nothing  # a new rollout starts clean
     assert "level9/404" in env.reset(problem_key="level9/404") and "No problem" in env.submit_kernel("x")
     last = KernelToolEnvFactory("builtin", score="last", evaluator=reward_fn.evaluator)()
     last.reset(problem_key=RELU)
     last.results = list(env_results)
-    assert last.episode_reward() == default(env_results[-1])[0] < max(default(r)[0] for r in env_results)
+    assert last._episode_reward() == default(env_results[-1])[0] < max(default(r)[0] for r in env_results)
     with pytest.raises(ValueError, match="score"):
         KernelToolEnvFactory("builtin", score="mean", evaluator=reward_fn.evaluator)
     factory.close()  # the shared evaluator is not the factory's to close
