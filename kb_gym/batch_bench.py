@@ -49,7 +49,7 @@ def build_batch(size: str, problems: int = 16, device: str = "cuda") -> list[tup
     (kind "triton" or "cuda"), the CUDA ones only where ``device`` is a GPU. Half the problems are built-in
     ones with a solution of ours, spread over the levels and backends (_spread), half official ones."""
     builtin = {p.key: p for p in load_problems("builtin", size=size)}
-    files = {f"{f.parent.name}/{f.stem}": f for f in solution_files(device) if f"{f.parent.name}/{f.stem}" in builtin}
+    files = {key: f for f in solution_files(device) if (key := f"{f.parent.name}/{f.stem}") in builtin}
     ours = _spread(files)
     chosen = [builtin[k] for k in ours[: problems // 2]]
     try:
@@ -216,8 +216,9 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
                               "builds_warmed": warm_builds}
     with _evaluator(backend, device, workers_per_device) as ev:
         ev.warm()
-        for f in [ev.submit(p, s) for p, k, s in batch if k == "cuda" and warm_builds]:
-            f.result()
+        if warm_builds:
+            for f in [ev.submit(p, s) for p, k, s in batch if k == "cuda"]:
+                f.result()
         trials = ev.config.trials
         sampler = BusySampler()
         t0 = time.perf_counter()

@@ -45,8 +45,9 @@ def _memory_fs_devices(pid: int) -> set[int]:
     return found
 
 
-def _in_memory_files(pid: int, devices: set[int]) -> list[str]:
-    """/proc paths (fd/N, map_files/RANGE) through which ``pid`` holds an in-memory file."""
+def _in_memory_files(pid: int, devices: set[int]) -> list[tuple[str, str]]:
+    """(/proc path, file name) of what ``pid`` may hold an in-memory file through: its descriptors of files
+    (fd/N) and its mappings of in-memory files (map_files/RANGE)."""
     paths = []
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -55,7 +56,7 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[str]:
             except OSError:
                 continue
             if target.startswith("/"):  # not a pipe, socket or anon inode
-                paths.append(f"/proc/{pid}/fd/{fd}")
+                paths.append((f"/proc/{pid}/fd/{fd}", target))
     except OSError:
         pass
     try:
@@ -66,7 +67,7 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[str]:
                     continue
                 major, minor = (int(x, 16) for x in fields[3].split(":"))
                 if fields[5].startswith(_SHMEM_PREFIXES) or os.makedev(major, minor) in devices:
-                    paths.append(f"/proc/{pid}/map_files/{fields[0]}")
+                    paths.append((f"/proc/{pid}/map_files/{fields[0]}", fields[5].rstrip("\n")))
     except OSError:
         pass
     return paths
@@ -101,10 +102,9 @@ def tree_memory_bytes(root_pid: int) -> int:
             born = proc.create_time() - 1.0
         except psutil.Error:
             continue
-        for path in _in_memory_files(proc.pid, devices):
+        for path, target in _in_memory_files(proc.pid, devices):
             try:
                 st = os.stat(path)
-                target = os.readlink(path)
             except OSError:  # closed or unmapped meanwhile, or map_files not readable here
                 continue
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:

@@ -8,7 +8,7 @@ ownership (CAP_CHOWN, CAP_FOWNER) and signals (CAP_KILL). Dropped here: the boun
 them back), the ambient set, then the thread's effective, permitted and inheritable sets.
 
 Capabilities belong to threads, not processes, so this runs before the runner starts any thread (CUDA's,
-Triton's, OpenMP's): every thread made later inherits the empty sets. ``dropped`` reports what the kernel
+Triton's, OpenMP's): every thread made later inherits the empty sets. ``drop_all`` reports what the kernel
 says of every thread afterwards.
 """
 
@@ -39,7 +39,7 @@ def _last_cap() -> int:
 
 
 def _thread_caps() -> dict[str, int]:
-    """CapEff and CapBnd of every thread of this process, OR-ed together."""
+    """CapEff, CapPrm and CapBnd of every thread of this process, each OR-ed over the threads."""
     found = {"CapEff": 0, "CapPrm": 0, "CapBnd": 0}
     for tid in os.listdir("/proc/self/task"):
         try:
