@@ -258,7 +258,8 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
 def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
     return {"problem": problem.key, "kind": kind, "status": r.status, "speedup": r.speedup,
             "stages": dict(r.stage_seconds), "total_s": r.stage_seconds.get("total"),
-            "build_cached": bool(r.worker.get("build_cached")), "worker_pid": r.worker.get("pid")}
+            "build_cached": bool(r.worker.get("build_cached")), "build_reused": r.worker.get("build_reused"),
+            "worker_pid": r.worker.get("pid")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

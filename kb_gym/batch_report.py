@@ -32,6 +32,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         stage_median_s={k: statistics.median(v) for k, v in stages.items()},
         statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
         build_cache_hits=sum(r["build_cached"] for r in rows),
+        # hits whose build the runner found up to date; the rest were built again all the same
+        build_cache_reused=sum(r.get("build_reused") is True for r in rows),
         targets={  # the throughput issue's figures (medians, seconds)
             "cuda_cold_load_s": _median([r["stages"].get("load", 0.0) for r in cuda]),
             "cuda_cold_total_s": _median([r["total_s"] for r in cuda if r["total_s"] is not None]),
@@ -84,7 +86,8 @@ def format_batch(report: dict[str, Any]) -> str:
              f"devices {', '.join(report['devices'])}",
              f"Evaluator: {f(report['wall_s'], '.1f')} s, {f(report['per_candidate_s'])} s per candidate, "
              f"{f(report['evaluations_per_gpu_hour'], '.0f')} evaluations per GPU-hour, GPU busy "
-             f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']}",
+             f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']} "
+             f"({report.get('build_cache_reused', '-')} up to date)",
              "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, whole {f(t['cuda_cold_total_s'])} s; again: "

@@ -397,6 +397,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
                       runner_forked=bool(runner.get("forked")),
                       build_cached=bool(runner.get("build_cached")),
+                      # a cache hit whose build was up to date in the runner (False: rebuilt all the same)
+                      build_reused=runner["build_reused"] if isinstance(runner.get("build_reused"), bool) else None,
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       payload_pinned=bool(runner.get("payload_pinned")),
                       digest="device" if runner.get("digest") == "device" else "host",

@@ -48,6 +48,10 @@ def test_two_evaluators_given_the_same_new_source_build_it_once(monkeypatch, tmp
     assert [r.status for r in results.values()] == ["correct", "correct"], [r.error for r in results.values()]
     assert sorted(r.worker["build_cached"] for r in results.values()) == [False, True]
     assert len([p for p in (tmp_path / "extensions").iterdir() if not p.name.startswith(".")]) == 1
+    # and the waiting judge's runner found that build up to date: every runner on the host sees its scratch
+    # folder at one path, so the build's absolute paths match (with one path per judge, a hit was built again)
+    hit = next(r for r in results.values() if r.worker["build_cached"])
+    assert hit.worker["build_reused"] is (hit.worker["pid_namespace"] and hit.worker["runner_forked"]), hit.worker
 
 
 @needs_compiler

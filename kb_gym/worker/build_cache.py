@@ -120,6 +120,19 @@ def restore(source: str, runner_ext: Path, tools: str) -> bool:
     return True
 
 
+def libraries(runner_ext: Path) -> dict[str, int]:
+    """The built libraries in a runner's build folder (``ext/NAME/*.so``) and their modification times: the
+    same before and after a load that restored them means ninja found the build up to date and did not rebuild
+    it. A diagnostic (``build_reused``), never part of a verdict."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for folder in runner_ext.iterdir():
+            if folder.is_dir() and not folder.is_symlink():
+                for lib in folder.glob("*.so"):
+                    found[str(lib.relative_to(runner_ext))] = lib.lstat().st_mtime_ns
+    return found
+
+
 def keep(source: str, runner_ext: Path, tools: str) -> None:
     """With the runner stopped or dead: keep what it built for ``source``. Regular files only, opened
     without following links (a link planted to a file of the judge's would otherwise be copied in)."""

@@ -178,6 +178,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "build_cached": bool(result.get("build_cached")),
+                                "build_reused": result.get("build_reused"),
                                 "shm_payloads": runner.shm_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "digest": "device" if runner.device_digest else "host",
@@ -239,7 +240,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             state["pch_removed"] = pch.verify(headers)
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
+            restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}
             used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())
+            if restored:  # False: the load built it again (a hit that saved nothing)
+                result["build_reused"] = build_cache.libraries(runner.scratch / "ext") == restored
             result["compiled"] = True
             if headers is not None:  # what its builds wanted, built in the background for the next (pch.py)
                 for variant in used["wanted"]:

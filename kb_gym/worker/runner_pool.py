@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from kb_gym import sandbox
+from kb_gym.worker import build_cache
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import MessageReader, ProtocolError
 from kb_gym.worker.runner_client import _READS_BREAK_CUDA, STARTUP_TIMEOUT, RunnerProcess, runner_env
@@ -67,8 +68,8 @@ class Zygote:
 
     def spawn(self, device: str, scratch: str, env: dict[str, str], namespaces: bool, fds: list[int]) -> int:
         self.wait_ready()
-        fixed = Path(scratch).parent / "runner"
-        fixed.mkdir(exist_ok=True)
+        fixed = mount_point(Path(scratch))
+        fixed.mkdir(parents=True, exist_ok=True)
         request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces,
                    "fixed_scratch": str(fixed)}
         try:
@@ -88,6 +89,16 @@ class Zygote:
         except OSError:
             pass
         sandbox.kill_and_wait(self.proc)
+
+
+def mount_point(scratch: Path) -> Path:
+    """The one path at which every runner sees its own scratch folder (bound over it in the runner's mount
+    namespace, zygote.py). A build's files name absolute paths (ninja's commands, its .ninja_log), so a build
+    kept in the cache is up to date only in a runner that sees the same path: one path per build cache, shared
+    by every judge of every Evaluator and Ray worker on the host. Only a mount point: no process writes there
+    (without a namespace, a runner uses its own folder). Without a cache, the judge's own folder's."""
+    root = build_cache.extensions_root()
+    return root / ".runner" if root is not None else scratch.parent / "runner"
 
 
 class RunnerPool:
