@@ -66,6 +66,9 @@ def test_the_service_gives_the_verdicts_the_local_backend_gives(service):
     for name in CANDIDATES:
         assert (remote[name].status, sorted(remote[name].flags)) == (local[name].status, sorted(local[name].flags)), name
     assert remote["reference"].status == "correct" and remote["wrong"].status == "incorrect"
+    # the judges run with the thread setting of the process that started the service, not the 1 Ray gives an actor
+    workers = ray.get(ev.service.ready.remote())
+    assert {w["omp_num_threads"] for w in workers} == {os.environ.get("OMP_NUM_THREADS")}, workers
 
 
 def test_a_worker_killed_mid_batch_loses_nothing_and_every_result_is_stored_once(service):

@@ -4,6 +4,7 @@ requests over them. Plain data crosses: Problem.to_dict, EvalConfig.to_dict, Eva
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from kb_gym.service import require_ray
@@ -16,8 +17,16 @@ IN_FLIGHT_PER_WORKER = 2  # one measuring, one loading and compiling beside it (
 class EvaluationWorker:
     """One GPU's warm Evaluator (``cuda:0`` is the GPU Ray assigned; the CPU where there is none)."""
 
-    def __init__(self, config: dict[str, Any], baseline_cache: str | None) -> None:
+    def __init__(self, config: dict[str, Any], baseline_cache: str | None, omp_threads: str | None = None) -> None:
         import torch
+
+        # Ray sets OMP_NUM_THREADS to an actor's CPU count (1 here) where it was unset; the judges started below
+        # would inherit it, and their host-side work run on one thread where a local Evaluator's judges have
+        # every core. They get the value of the process that started the service instead (unset: torch's own).
+        if omp_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp_threads
 
         from kb_gym.baseline_cache import BaselineCache
         from kb_gym.config import EvalConfig
@@ -31,10 +40,9 @@ class EvaluationWorker:
         self.evaluator.warm()
 
     def info(self) -> dict[str, Any]:
-        import os
-
         return {"device": self.device, "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
     def evaluate(self, problem: dict[str, Any], text: str, seed: int | None, config: dict[str, Any] | None,
                  baselines: dict[str, dict[str, Any]] | None = None) -> tuple[dict, dict[str, dict[str, Any]]]:
@@ -85,12 +93,13 @@ class EvaluationService:
     results store here, once. Baselines measured by one worker reach the others (SharedBaselines)."""
 
     def __init__(self, workers: int, config: dict[str, Any], results_path: str | bool | None, gpus_per_worker: float,
-                 baseline_cache: str | None) -> None:
+                 baseline_cache: str | None, omp_threads: str | None = None) -> None:
         from kb_gym.store import ResultsStore
 
         self.ray = require_ray()
         self.config = config
         self.baseline_cache = baseline_cache
+        self.omp_threads = omp_threads
         self.gpus = gpus_per_worker
         from kb_gym.store import default_results_path
 
@@ -105,7 +114,7 @@ class EvaluationService:
 
     def _start_worker(self) -> Any:
         actor = self.ray.remote(EvaluationWorker).options(num_gpus=self.gpus, num_cpus=1, max_concurrency=8)
-        return actor.remote(self.config, self.baseline_cache)
+        return actor.remote(self.config, self.baseline_cache, self.omp_threads)
 
     async def ready(self) -> list[dict[str, Any]]:
         return [await w.info.remote() for w in self.workers]
@@ -189,7 +198,7 @@ def start_service(workers: int | None = None, config: dict[str, Any] | None = No
         options["lifetime"] = "detached"
     service = ray.remote(EvaluationService).options(**options).remote(
         workers, (config or EvalConfig()).to_dict() if not isinstance(config, dict) else config,
-        results_path, gpus_per_worker, baseline_cache)
+        results_path, gpus_per_worker, baseline_cache, os.environ.get("OMP_NUM_THREADS"))
     ray.get(service.ready.remote())
     return service
 
