@@ -6,7 +6,7 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, BATCH_ARGS (e.g. --no-kernelbench-way);
+#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -36,10 +36,11 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
     tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
     # The adversarial suite (CPU in CI) against a GPU judge and GPU runners.
-    adversarial) KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider \
+    # ADVERSARIAL_ONLY (test files, space-separated) runs fewer.
+    adversarial) KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider ${ADVERSARIAL_ONLY:-\
                    tests/adversarial/test_judge_isolation.py tests/adversarial/test_redteam_round2.py \
                    tests/adversarial/test_spot_check.py tests/adversarial/test_shared_payload.py \
-                   tests/adversarial/test_redteam_round4.py ;;
+                   tests/adversarial/test_redteam_round4.py} ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;

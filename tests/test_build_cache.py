@@ -51,7 +51,13 @@ def test_two_evaluators_given_the_same_new_source_build_it_once(monkeypatch, tmp
     # and the waiting judge's runner found that build up to date: every runner on the host sees its scratch
     # folder at one path, so the build's absolute paths match (with one path per judge, a hit was built again)
     hit = next(r for r in results.values() if r.worker["build_cached"])
-    assert hit.worker["build_reused"] is (hit.worker["pid_namespace"] and hit.worker["runner_forked"]), hit.worker
+    assert hit.worker["build_reused"] is hit.worker["pid_namespace"], hit.worker
+    # the same for a runner started as a fresh interpreter (no zygote) under a third judge
+    monkeypatch.setenv("KB_GYM_ZYGOTE", "0")
+    with Evaluator("cpu", results_path=False) as c:
+        fresh = c.evaluate(GELU, source, config=config)
+    assert fresh.status == "correct" and not fresh.worker["runner_forked"], (fresh.error, fresh.worker)
+    assert fresh.worker["build_cached"] and fresh.worker["build_reused"] is fresh.worker["pid_namespace"], fresh.worker
 
 
 @needs_compiler

@@ -42,6 +42,16 @@ def extensions_root() -> Path | None:
     return Path(root) if root else None
 
 
+def mount_point(scratch: Path) -> Path:
+    """The one path at which every runner sees its own scratch folder, bound over it in the runner's mount
+    namespace (process.bind_scratch). A build's files name absolute paths (ninja's commands), so a kept build
+    is up to date only in a runner that sees the same path: one per build cache, shared by every judge of
+    every Evaluator and Ray worker on the host. Only a mount point: no process writes there (without a
+    namespace, a runner uses its own folder). Without a cache, one beside the judge's own folder."""
+    root = extensions_root()
+    return root / ".runner" if root is not None else scratch.parent / "runner"
+
+
 def toolchain(device: torch.device) -> str:
     """What a build depends on besides its source: the same source built for another GPU architecture or
     torch is another entry."""

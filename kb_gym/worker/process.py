@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -37,7 +38,25 @@ def set_limits(file_bytes: int = resource.RLIM_INFINITY) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
 
 
-_MS_NOSUID, _MS_NODEV = 2, 4
+_MS_NOSUID, _MS_NODEV, _MS_BIND = 2, 4, 1 << 12
+
+
+def bind_scratch(scratch: str, mount_point: str | None) -> str:
+    """In the runner's own mount namespace: its scratch folder bound over the host's one mount point for runners
+    (runner_pool.mount_point), and the environment's paths under it moved there; the path it now uses. A build
+    kept in the cache names that path in its files, so it is up to date in every runner (build_cache.py). The
+    folder itself where the bind is refused (no namespace, no mount point)."""
+    if not mount_point or not os.path.isdir(mount_point):
+        return scratch
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(scratch.encode(), mount_point.encode(), None, _MS_BIND, None) != 0:
+        return scratch
+    for name, value in list(os.environ.items()):
+        if value == scratch or value.startswith(scratch + os.sep):
+            os.environ[name] = mount_point + value[len(scratch):]
+    with contextlib.suppress(OSError):
+        os.chdir(mount_point)
+    return mount_point
 
 
 def private_shm(size_mb: int) -> bool:

@@ -38,7 +38,7 @@ from kb_gym.worker.landlock import restrict_writes
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
-from kb_gym.worker.process import private_shm, set_limits, take_protocol_fds
+from kb_gym.worker.process import bind_scratch, private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
@@ -280,8 +280,10 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--scratch", required=True)
     parser.add_argument("--namespaces", action="store_true", help="started in fresh namespaces (unshare)")
+    parser.add_argument("--mount-point", help="where to bind the scratch folder (runner_pool.mount_point)")
     args = parser.parse_args()
-    serve(args.device, args.scratch, namespaces=args.namespaces)
+    scratch = bind_scratch(args.scratch, args.mount_point) if args.namespaces else args.scratch
+    serve(args.device, scratch, namespaces=args.namespaces)
 
 
 def serve(device: str, scratch_dir: str, namespaces: bool) -> None:

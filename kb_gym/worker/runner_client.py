@@ -158,8 +158,13 @@ class RunnerProcess:
             self.stdin_fd, stdout_fd = ends[0][1], ends[1][0]
             stderr = os.fdopen(ends[2][0], "rb", buffering=0)
         else:  # a fresh interpreter in fresh namespaces: seconds
+            isolation = []
+            if namespaces:  # bound at the host's one mount point there, as a forked runner is (build_cache.py)
+                point = build_cache.mount_point(self.scratch)
+                point.mkdir(parents=True, exist_ok=True)
+                isolation = ["--namespaces", "--mount-point", str(point)]
             cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
-                   "--device", device, "--scratch", str(self.scratch), *(["--namespaces"] if namespaces else [])]
+                   "--device", device, "--scratch", str(self.scratch), *isolation]
             if payload_fd is not None:
                 env[payload.ENV_FD] = str(payload_fd)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

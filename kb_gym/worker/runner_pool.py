@@ -68,7 +68,7 @@ class Zygote:
 
     def spawn(self, device: str, scratch: str, env: dict[str, str], namespaces: bool, fds: list[int]) -> int:
         self.wait_ready()
-        fixed = mount_point(Path(scratch))
+        fixed = build_cache.mount_point(Path(scratch))
         fixed.mkdir(parents=True, exist_ok=True)
         request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces,
                    "fixed_scratch": str(fixed)}
@@ -89,16 +89,6 @@ class Zygote:
         except OSError:
             pass
         sandbox.kill_and_wait(self.proc)
-
-
-def mount_point(scratch: Path) -> Path:
-    """The one path at which every runner sees its own scratch folder (bound over it in the runner's mount
-    namespace, zygote.py). A build's files name absolute paths (ninja's commands, its .ninja_log), so a build
-    kept in the cache is up to date only in a runner that sees the same path: one path per build cache, shared
-    by every judge of every Evaluator and Ray worker on the host. Only a mount point: no process writes there
-    (without a namespace, a runner uses its own folder). Without a cache, the judge's own folder's."""
-    root = build_cache.extensions_root()
-    return root / ".runner" if root is not None else scratch.parent / "runner"
 
 
 class RunnerPool:

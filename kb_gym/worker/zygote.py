@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWIPC = 0x00020000, 0x20000000, 0x40000000, 0x08000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG = 1
 
 
@@ -88,17 +88,11 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the waiting parent killed: the runner goes too
             _mount_private_proc(libc)
             os.environ["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
-        scratch = request["scratch"]
-        fixed = request.get("fixed_scratch")
-        # Every runner sees its own scratch folder at one fixed path: an extension built by an earlier
-        # runner (build_cache.py) then has the same absolute paths in its build files, so ninja finds it
-        # up to date instead of rebuilding it.
-        if isolated and fixed and libc.mount(scratch.encode(), fixed.encode(), None, _MS_BIND, None) == 0:
-            scratch = fixed
-            for name in ("TMPDIR", "HOME"):
-                if os.environ.get(name, "").startswith(request["scratch"]):
-                    os.environ[name] = fixed + os.environ[name][len(request["scratch"]):]
+        from kb_gym.worker.process import bind_scratch
         from kb_gym.worker.runner import serve
+
+        # Every runner sees its scratch folder at the host's one mount point (runner_pool.mount_point).
+        scratch = bind_scratch(request["scratch"], request.get("fixed_scratch")) if isolated else request["scratch"]
 
         sys.argv = ["kb_gym.worker.runner"]
         serve(request["device"], scratch, namespaces=bool(isolated))
