@@ -30,8 +30,8 @@ class Model(nn.Module):
         return torch.stack(outs, dim=1)
 
 
-batch = 4  # gpu: 256
-steps = 12  # gpu: 64
+batch = 4  # gpu: 1024
+steps = 12  # gpu: 16
 d_in = 32  # gpu: 512
 hidden = 48  # gpu: 1024
 

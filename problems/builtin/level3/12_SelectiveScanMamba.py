@@ -36,11 +36,11 @@ class Model(nn.Module):
         return self.out_proj(y * F.silu(z))
 
 
-batch = 2  # gpu: 16
-length = 16  # gpu: 256
+batch = 2  # gpu: 256
+length = 16  # gpu: 32
 d_model = 32  # gpu: 512
 d_inner = 64  # gpu: 1024
-d_state = 8  # gpu: 16
+d_state = 8  # gpu: 32
 
 
 def get_inputs():
