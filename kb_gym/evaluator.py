@@ -393,6 +393,7 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       network_namespace=bool(box.get("network_namespace")), landlock=int(box.get("landlock") or 0),
                       reads_confined="readable" in box,
                       seccomp=bool(box.get("seccomp")), private_shm_mb=int(box.get("private_shm_mb") or 0),
+                      sysv_shm_mb=int(box.get("sysv_shm_mb") or 0),
                       capabilities=str(box.get("capabilities") or "")[:120],
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
                       runner_forked=bool(runner.get("forked")),

@@ -16,10 +16,13 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from typing import Any
 
 _BASE = ["--pid", "--net", "--mount", "--fork", "--mount-proc", "--kill-child"]
-_VARIANTS = (("root", _BASE), ("user", ["--user", "--map-root-user", *_BASE]))
+# With an IPC namespace first (SysV memory goes with the process, and is capped there: process.limit_sysv_shm)
+_VARIANTS = (("root", [*_BASE, "--ipc"]), ("user", ["--user", "--map-root-user", *_BASE, "--ipc"]),
+             ("root", _BASE), ("user", ["--user", "--map-root-user", *_BASE]))
 
 
 @functools.cache
@@ -179,6 +182,51 @@ def _state(pid: int | str) -> str | None:
             return handle.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return None
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    """CPU a process tree had used at one moment: nanoseconds on a CPU summed over its live threads
+    (schedstat, exact), clock ticks summed over its processes and the children they reaped (stat, which keeps
+    exited threads too, at 10 ms grain), and which processes it had."""
+
+    cpu_ns: int
+    ticks: int
+    pids: frozenset[int]
+
+
+# A stopped tree uses no CPU; a thread asleep when it was stopped wakes only to stop (microseconds). More than
+# this, or a process that was not there before, means something of the tree ran while it was held stopped: a
+# POSIX timer that sends SIGCONT resumes a process every half millisecond, whoever stopped it (round 5).
+RAN_NS = 5_000_000
+RAN_TICKS = 3  # ticks charge a whole 10 ms to whatever runs when they fire: three is more than a wake-up
+
+
+def tree_usage(pid: int) -> TreeUsage:
+    """``pid``'s and its descendants' CPU use so far (compare two with ``ran_between``)."""
+    pids = frozenset((pid, *(descendants(pid) or [])))
+    cpu_ns = ticks = 0
+    for proc in pids:
+        try:
+            tids = os.listdir(f"/proc/{proc}/task")
+            with open(f"/proc/{proc}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{proc}/task/{tid}/schedstat", "rb") as handle:
+                    cpu_ns += int(handle.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+    return TreeUsage(cpu_ns, ticks, pids)
+
+
+def ran_between(before: TreeUsage, after: TreeUsage) -> bool:
+    """Whether the tree ran between two readings taken while it was held stopped."""
+    return (after.cpu_ns - before.cpu_ns > RAN_NS or after.ticks - before.ticks >= RAN_TICKS
+            or bool(after.pids - before.pids))
 
 
 def thaw(pids: list[int]) -> None:

@@ -163,22 +163,37 @@ def keep(source: str, runner_ext: Path, tools: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def discard(source: str, tools: str) -> None:
+    """Drop the entry kept for ``source`` (a copy made while the runner's processes ran)."""
+    root = extensions_root()
+    if root is not None:
+        entry = root / source_key(source, tools)
+        with contextlib.suppress(OSError):
+            (entry / MARKER).unlink()
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def _copy_regular_files(src: Path, dst: Path) -> None:
-    for folder, dirs, files in os.walk(src, followlinks=False):
+    """Folders opened one by one from their parent's descriptor, never through a link (os.fwalk), and files
+    opened relative to their folder's descriptor: nothing is resolved by path twice. A path walk opened
+    ``folder/name`` by name after listing it, and a runner that swapped the folder for a link to a host folder
+    mid-copy got that folder's files into its cache entry (round 5)."""
+    for folder, _dirs, files, dir_fd in os.fwalk(src, follow_symlinks=False):
         rel = Path(folder).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
         for name in files:
-            path = os.path.join(folder, name)
             try:
                 # O_NONBLOCK: a FIFO the runner planted would block the open until a writer came (round 4:
                 # the judge hung until the evaluator's watchdog); a device node is no regular file either.
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
             except OSError:
                 continue  # a link, or gone
             with os.fdopen(fd, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                info = os.fstat(fh.fileno())
+                if not stat.S_ISREG(info.st_mode):
                     continue
                 with open(dst / rel / name, "wb") as out:
                     shutil.copyfileobj(fh, out, 1 << 20)
-            shutil.copystat(path, dst / rel / name, follow_symlinks=False)
+            # ninja compares modification times: the copy keeps the build's
+            os.utime(dst / rel / name, ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.chmod(dst / rel / name, info.st_mode & 0o755)

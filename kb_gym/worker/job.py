@@ -249,9 +249,13 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                 for variant in used["wanted"]:
                     pch.start_build(headers, variant)
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
-                with runner.frozen(refuse=False, asleep_is_stopped=False) as still:
-                    if still:
-                        build_cache.keep(job["source"], runner.scratch / "ext", tools)
+                try:
+                    with runner.frozen(refuse=False, asleep_is_stopped=False) as still:
+                        if still:
+                            build_cache.keep(job["source"], runner.scratch / "ext", tools)
+                except StageError:  # its processes ran during the copy: what was copied is not kept
+                    build_cache.discard(job["source"], tools)
+                    raise
     stages["load"] = time.perf_counter() - t0
 
     if job.get("device_lock") and (has_candidate or cfg["timing"]):

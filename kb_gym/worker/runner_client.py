@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, header_diet, payload, pch
+from kb_gym.worker import build_cache, device_digest, header_diet, payload, pch, process
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -99,6 +99,7 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
         env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     if sandbox.namespace_prefix():
         env["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
+    env[process.ENV_HOST_IPC] = process.host_ipc_namespace()  # a runner in a namespace of its own caps SysV there
     if device in _READS_BREAK_CUDA:
         env["KB_GYM_RUNNER_READS"] = "0"
     pch_root = pch.root_for(build_cache.extensions_root(), build_cache.toolchain(torch.device(device)),
@@ -428,13 +429,20 @@ class RunnerProcess:
         seconds (nothing honest spends seconds in one system call while its runner waits for a command) is
         the candidate's verdict, a StageError: nothing is measured beside it. With ``refuse=False`` the
         context yields False instead. ``asleep_is_stopped=False``: threads asleep in a system call must stop
-        too (before the judge reads files the runner may be writing)."""
+        too (before the judge reads files the runner may be writing). A tree that ran while held (it used CPU
+        or started a process: sandbox.ran_between) is the candidate's StageError when the context ends, with
+        ``refuse=False`` too: nothing measured or copied meanwhile may be kept."""
         procs = sandbox.freeze_tree(self.pid)
         try:
             still = not sandbox.unstopped(procs, settle, asleep_is_stopped)
             if not still and refuse:
                 raise StageError("runtime_error", NOT_STOPPED)
+            before = sandbox.tree_usage(self.pid)
             yield still
+            # Seen stopped once is not stopped throughout: a process can have itself resumed (a timer that sends
+            # SIGCONT) and sleep whenever the judge looks. What it used meanwhile, or a process it started, shows.
+            if still and sandbox.ran_between(before, sandbox.tree_usage(self.pid)):
+                raise StageError("runtime_error", RAN_WHILE_STOPPED)
         finally:
             sandbox.thaw(procs)
 
@@ -474,6 +482,8 @@ class RunnerProcess:
         reap_orphans()
 
 
+RAN_WHILE_STOPPED = ("the candidate's processes ran while the judge held them stopped to measure beside them (one "
+                     "resumed itself, e.g. with a timer that sends SIGCONT): nothing measured then counts")
 NOT_STOPPED = ("the candidate's processes did not stop when the judge froze them to measure beside them (a thread "
                "stayed inside one system call for seconds)")
 

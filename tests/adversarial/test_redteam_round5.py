@@ -1,9 +1,8 @@
 """Red team, round 5: the freeze, the memory watchdog, the build cache's copy.
 
 Each test asserts the verdict a sound judge gives the attack (and, where it matters, that the next honest
-evaluation on the same Evaluator is judged as on a fresh one). An attack that gets through is marked
-``xfail(strict=True)`` with one line on how, until the judge is fixed. They run with ``integrity="off"``: the
-design must hold when a static check misses.
+evaluation on the same Evaluator is judged as on a fresh one). All four got through when this pass was made
+(session 13) and are stopped since; each comment says how it got through and what stops it now.
 """
 
 from __future__ import annotations
@@ -50,6 +49,9 @@ def _fresh_gelu(tag: str, rows: int = 64) -> Problem:
 # honest overhead a call) the spare calibrated 8.6-22 ms of overhead and a tolerance of 8.5-12 ms instead of 4.4
 # and 2, so a forward that sleeps 4 ms reports 1 us (round 4's lie) uncounted: ~300x, no side_stream. (On 64 x
 # 256 the calls are short enough that the woken judge and spare still win the CPU: overhead unchanged.)
+# Stopped since: RunnerProcess.frozen reads the tree's CPU use (per-thread schedstat, per-process ticks) and its
+# processes when the freeze begins and ends (sandbox.tree_usage); a tree that ran meanwhile is the candidate's
+# runtime_error, and nothing measured beside it (the calibration) is kept.
 
 UNFREEZABLE = '''
 import ctypes, signal
@@ -123,20 +125,16 @@ POISON_AND_LIE = cand(FIND_RUNNER + BURNERS + _LIE, "time.sleep(0.004)\n" + GELU
 POISON_ONLY = cand(FIND_RUNNER + BURNERS)
 
 
-@pytest.mark.xfail(strict=ON_CPU, reason="round 5: gets through: children resumed by a SIGCONT timer run through "
-                   "RunnerProcess.frozen and poison the spare's calibration; a 5 ms forward claims 1 us, ~50x")
 def test_a_process_resumed_by_its_own_sigcont_timer_does_not_escape_the_freeze(ev):
     r = ev.evaluate(_fresh_gelu("sigcont", 512), POISON_AND_LIE, config=TIMED)
     honest_after(ev, TIMED)
-    if r.status == "runtime_error":  # refused as unstoppable: stopped
-        assert "did not stop" in r.error, r.error
+    if r.status == "runtime_error":  # refused as unstoppable, or caught running while held: stopped
+        assert "did not stop" in r.error or "ran while the judge held them stopped" in r.error, r.error
         return
     assert r.status == "correct", (r.status, r.error)
     assert "side_stream" in r.flags or r.speedup < 1.0, (r.speedup, r.flags, r.correctness.get("envelope"))
 
 
-@pytest.mark.xfail(strict=ON_CPU, reason="round 5: gets through: the calibration measured beside SIGCONT-timer "
-                   "burners is kept for the problem (job.CALIBRATION_TTL_S) and judges the next candidates")
 def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(ev):
     problem = _fresh_gelu("sigcont_next", 512)
     ev.evaluate(problem, POISON_ONLY, config=TIMED)
@@ -153,7 +151,9 @@ def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(
 # runner's IPC namespace), in no map, descriptor or RSS. The IPC namespace's shmmax/shmall are the kernel's
 # defaults (practically unlimited), and unlike the private /dev/shm nothing caps it at 64 MB: 2.1 GB in ten
 # segments, each mapped only while it is filled, stay under a 2 GB limit that the same bytes in a bytes object
-# exceed. On a host the stash is bounded only by RAM.
+# exceed. On a host the stash is bounded only by RAM. Stopped since: a runner in an IPC namespace of its own sets
+# that namespace's shmmax and shmall to 64 MB before it drops its capabilities (process.limit_sysv_shm), the
+# private /dev/shm's cap; here in 60 MB segments, under shmmax, so that shmall is what refuses the second.
 
 SYSV_STASH = cand('''
 import ctypes, time
@@ -162,11 +162,13 @@ _libc.shmat.restype = ctypes.c_void_p
 _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.shmdt.argtypes = [ctypes.c_void_p]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-for _ in range(10):
-    _id = _libc.shmget(0, 210 << 20, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+for _k in range(35):
+    _id = _libc.shmget(0, 60 << 20, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    if _id < 0:
+        raise RuntimeError(f"shmget refused segment {_k} (errno {ctypes.get_errno()})")
     _p = _libc.shmat(_id, None, 0)
-    if _libc.madvise(_p, 210 << 20, 23) != 0:  # MADV_POPULATE_WRITE, or touch every page
-        ctypes.memset(_p, 1, 210 << 20)
+    if _libc.madvise(_p, 60 << 20, 23) != 0:  # MADV_POPULATE_WRITE, or touch every page
+        ctypes.memset(_p, 1, 60 << 20)
     _libc.shmdt(_p)  # mapped by nobody from here on; the segment and its pages stay
 time.sleep(1.0)  # several of the watchdog's 0.25 s polls
 ''')
@@ -180,12 +182,13 @@ def test_sysv_memory_control_trips_the_limit(ev):
     assert control.status == "crash" and "memory" in (control.error or ""), (control.status, control.error)
 
 
-@pytest.mark.xfail(strict=True, reason="round 5: gets through: SysV segments attached, filled and detached are in "
-                   "no process's maps, descriptors or RSS (host_memory.tree_memory_bytes); 2.1 GB under a 2 GB limit")
 def test_memory_in_detached_sysv_segments_counts_against_the_memory_limit(ev):
     r = ev.evaluate(GELU, SYSV_STASH, config=CHECK.replace(memory_limit_mb=2000))
     honest_after(ev)
-    assert r.status == "crash" and "memory" in (r.error or ""), (r.status, r.error)
+    if r.worker.get("sysv_shm_mb"):  # capped in the runner's own IPC namespace: the second segment is refused
+        assert "shmget refused segment 1 " in (r.error or "") and r.status != "correct", (r.status, r.error)
+    else:  # no IPC namespace of its own here: the watchdog would have to see it
+        assert r.status == "crash" and "memory" in (r.error or ""), (r.status, r.error)
 
 
 # --- 3. the build cache's copy, with a process the freeze does not hold --------------------------------------
@@ -196,7 +199,9 @@ def test_memory_in_detached_sysv_segments_counts_against_the_memory_limit(ev):
 # then, while the judge copies a 400 MB file of ext/z, renames ext/z away and puts a link to a host folder in
 # its place. The judge opens ext/z/secret_NN of the names it listed through the link: the host's file, copied
 # into the cache entry of this source. The next runner of the same source gets it restored and returns it in
-# its error text. (Round 2's swap of the files themselves is stopped by O_NOFOLLOW; the folder above is not.)
+# its error text. (Round 2's swap of the files themselves is stopped by O_NOFOLLOW; the folder above was not.)
+# Stopped since: the copy walks folders by descriptor (os.fwalk) and opens files relative to them, so a swapped
+# folder is never followed; and a tree that ran during the copy (frozen's CPU reading) has its entry dropped.
 
 def _swap_during_keep(secret_dir: str) -> str:
     return cand(UNFREEZABLE + f'''
@@ -210,8 +215,10 @@ os.makedirs(_z)
 for _i in range(32):
     with open(os.path.join(_z, "secret_%02d" % _i), "w") as _fh:
         _fh.write("decoy")
-with open(os.path.join(_z, "big"), "wb") as _fh:
+_big = os.path.join(_z, "big")
+with open(_big, "wb") as _fh:
     _fh.truncate(400 << 20)  # sparse here; the judge's copy writes it out: hundreds of ms
+_unread = os.stat(_big).st_atime_ns
 _link = os.path.join(os.environ["TMPDIR"], "link")
 os.symlink("{secret_dir}", _link)
 
@@ -221,9 +228,10 @@ def _swap():
     while not _runner_stopped():  # the judge freezes the runner to keep its build
         time.sleep(0.0002)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 0.02:  # stopped whenever the judge looks, until it has seen us stopped
+    while os.stat(_big).st_atime_ns == _unread and time.monotonic() - t0 < 0.06:
+        # stopped whenever the judge looks, until its copy reads "big" (relatime: the first read of a file
+        # written since moves its atime; the copy takes ~0.2 s) or 60 ms have passed
         os.kill(os.getpid(), signal.SIGSTOP)
-    time.sleep(0.08)  # the judge is copying "big" now (~0.3 s)
     os.rename(_z, _z + "_old")
     os.rename(_link, _z)
 
@@ -236,8 +244,6 @@ if os.getpid() == 1 and os.fork() == 0:
 ''')
 
 
-@pytest.mark.xfail(strict=True, reason="round 5: gets through: a SIGCONT-timer child swaps a listed folder for a "
-                   "link mid-copy; build_cache._copy_regular_files follows it (O_NOFOLLOW guards the last component)")
 def test_the_build_cache_copies_nothing_through_a_folder_swapped_for_a_link(monkeypatch, tmp_path):
     secret_dir = Path(tempfile.mkdtemp(prefix="kb_gym_rt5_secret_"))
     secret = f"kb-secret-{uuid.uuid4().hex}"
@@ -256,6 +262,7 @@ def test_the_build_cache_copies_nothing_through_a_folder_swapped_for_a_link(monk
     finally:
         shutil.rmtree(secret_dir, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
-    assert first.status == "correct", (first.status, first.error)
+    # correct, or caught running during the copy
+    assert first.status in ("correct", "runtime_error"), (first.status, first.error)
     assert not copied, f"the judge copied host files into the cache: {copied}"
     assert secret not in (second.error or ""), second.error
