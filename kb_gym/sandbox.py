@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _BASE = ["--pid", "--net", "--mount", "--fork", "--mount-proc", "--kill-child"]
-# With an IPC namespace first (SysV memory goes with the process, and is capped there: process.limit_sysv_shm)
-_VARIANTS = (("root", [*_BASE, "--ipc"]), ("user", ["--user", "--map-root-user", *_BASE, "--ipc"]),
-             ("root", _BASE), ("user", ["--user", "--map-root-user", *_BASE]))
+_VARIANTS = (("root", _BASE), ("user", ["--user", "--map-root-user", *_BASE]))
 
 
 @functools.cache
@@ -42,6 +40,20 @@ def namespace_prefix() -> tuple[str, ...]:
         if probe.returncode == 0:
             return prefix
     return ()
+
+
+@functools.cache
+def runner_namespace_prefix() -> tuple[str, ...]:
+    """namespace_prefix() for a runner started as a fresh interpreter, with an IPC namespace too where one can
+    be made: SysV memory then goes with the runner and is capped there (process.limit_sysv_shm)."""
+    prefix = namespace_prefix()
+    if not prefix:
+        return ()
+    try:
+        probe = subprocess.run([*prefix, "--ipc", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return prefix
+    return (*prefix, "--ipc") if probe.returncode == 0 else prefix
 
 
 def describe() -> dict[str, Any]:

@@ -43,7 +43,7 @@ _MS_NOSUID, _MS_NODEV, _MS_BIND = 2, 4, 1 << 12
 
 def bind_scratch(scratch: str, mount_point: str | None) -> str:
     """In the runner's own mount namespace: its scratch folder bound over the host's one mount point for runners
-    (runner_pool.mount_point), and the environment's paths under it moved there; the path it now uses. A build
+    (build_cache.mount_point), and the environment's paths under it moved there; the path it now uses. A build
     kept in the cache names that path in its files, so it is up to date in every runner (build_cache.py). The
     folder itself where the bind is refused (no namespace, no mount point)."""
     if not mount_point or not os.path.isdir(mount_point):

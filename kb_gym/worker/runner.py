@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--scratch", required=True)
     parser.add_argument("--namespaces", action="store_true", help="started in fresh namespaces (unshare)")
-    parser.add_argument("--mount-point", help="where to bind the scratch folder (runner_pool.mount_point)")
+    parser.add_argument("--mount-point", help="where to bind the scratch folder (build_cache.mount_point)")
     args = parser.parse_args()
     scratch = bind_scratch(args.scratch, args.mount_point) if args.namespaces else args.scratch
     serve(args.device, scratch, namespaces=args.namespaces)

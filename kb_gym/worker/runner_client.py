@@ -164,7 +164,7 @@ class RunnerProcess:
                 point = build_cache.mount_point(self.scratch)
                 point.mkdir(parents=True, exist_ok=True)
                 isolation = ["--namespaces", "--mount-point", str(point)]
-            cmd = [*sandbox.namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
+            cmd = [*sandbox.runner_namespace_prefix(), sys.executable, "-P", "-m", "kb_gym.worker.runner",
                    "--device", device, "--scratch", str(self.scratch), *isolation]
             if payload_fd is not None:
                 env[payload.ENV_FD] = str(payload_fd)

@@ -91,7 +91,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         from kb_gym.worker.process import bind_scratch
         from kb_gym.worker.runner import serve
 
-        # Every runner sees its scratch folder at the host's one mount point (runner_pool.mount_point).
+        # Every runner sees its scratch folder at the host's one mount point (build_cache.mount_point).
         scratch = bind_scratch(request["scratch"], request.get("fixed_scratch")) if isolated else request["scratch"]
 
         sys.argv = ["kb_gym.worker.runner"]
