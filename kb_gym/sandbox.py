@@ -45,7 +45,7 @@ def namespace_prefix() -> tuple[str, ...]:
 @functools.cache
 def runner_namespace_prefix() -> tuple[str, ...]:
     """namespace_prefix() for a runner started as a fresh interpreter, with an IPC namespace too where one can
-    be made: SysV memory then goes with the runner and is capped there (process.limit_sysv_shm)."""
+    be made: SysV memory then goes with the runner and is capped there (process.limit_sysv_ipc)."""
     prefix = namespace_prefix()
     if not prefix:
         return ()
@@ -204,7 +204,7 @@ class TreeUsage:
 
     cpu_ns: int
     ticks: int
-    pids: frozenset[int]
+    pids: frozenset[int]  # alive: not exited (a zombie is not counted as a process that could go)
 
 
 # A stopped tree uses no CPU; a thread asleep when it was stopped wakes only to stop (microseconds). More than
@@ -216,9 +216,9 @@ RAN_TICKS = 3  # ticks charge a whole 10 ms to whatever runs when they fire: thr
 
 def tree_usage(pid: int) -> TreeUsage:
     """``pid``'s and its descendants' CPU use so far (compare two with ``ran_between``)."""
-    pids = frozenset((pid, *(descendants(pid) or [])))
+    alive: set[int] = set()
     cpu_ns = ticks = 0
-    for proc in pids:
+    for proc in (pid, *(descendants(pid) or [])):
         try:
             tids = os.listdir(f"/proc/{proc}/task")
             with open(f"/proc/{proc}/stat", "rb") as handle:
@@ -226,19 +226,23 @@ def tree_usage(pid: int) -> TreeUsage:
             ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
         except (OSError, IndexError, ValueError):
             continue
+        if fields[0] not in (b"Z", b"X"):
+            alive.add(proc)
         for tid in tids:
             try:
                 with open(f"/proc/{proc}/task/{tid}/schedstat", "rb") as handle:
                     cpu_ns += int(handle.read().split()[0])
             except (OSError, IndexError, ValueError):
                 continue
-    return TreeUsage(cpu_ns, ticks, pids)
+    return TreeUsage(cpu_ns, ticks, frozenset(alive))
 
 
 def ran_between(before: TreeUsage, after: TreeUsage) -> bool:
-    """Whether the tree ran between two readings taken while it was held stopped."""
+    """Whether the tree ran between two readings taken while it was held stopped: it used CPU, started a
+    process, or lost one (a stopped process cannot exit; one that ran and exited unreaped takes its CPU time
+    with it: round 6)."""
     return (after.cpu_ns - before.cpu_ns > RAN_NS or after.ticks - before.ticks >= RAN_TICKS
-            or bool(after.pids - before.pids))
+            or after.pids != before.pids)
 
 
 def thaw(pids: list[int]) -> None:

@@ -38,7 +38,7 @@ from kb_gym.worker.landlock import restrict_writes
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
-from kb_gym.worker.process import bind_scratch, limit_sysv_shm, private_shm, set_limits, take_protocol_fds
+from kb_gym.worker.process import bind_scratch, limit_sysv_ipc, private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
@@ -296,7 +296,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     scratch = Path(scratch_dir)
     _scratch_env(scratch)
     shm = os.environ.get("KB_GYM_RUNNER_PRIVATE_SHM") == "1" and private_shm(SHM_MB)
-    sysv = limit_sysv_shm(SHM_MB)
+    sysv = limit_sysv_ipc(SHM_MB)
     # After the mount (it needs CAP_SYS_ADMIN), before any thread exists. KB_GYM_DROP_CAPS=0 keeps them.
     caps = capabilities.drop_all() if os.environ.get("KB_GYM_DROP_CAPS", "1") != "0" else {"capabilities": "kept"}
     sandbox = {**_confine(scratch, device), **caps}

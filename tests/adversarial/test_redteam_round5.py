@@ -152,7 +152,7 @@ def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(
 # defaults (practically unlimited), and unlike the private /dev/shm nothing caps it at 64 MB: 2.1 GB in ten
 # segments, each mapped only while it is filled, stay under a 2 GB limit that the same bytes in a bytes object
 # exceed. On a host the stash is bounded only by RAM. Stopped since: a runner in an IPC namespace of its own sets
-# that namespace's shmmax and shmall to 64 MB before it drops its capabilities (process.limit_sysv_shm), the
+# that namespace's shmmax and shmall to 64 MB before it drops its capabilities (process.limit_sysv_ipc), the
 # private /dev/shm's cap; here in 60 MB segments, under shmmax, so that shmall is what refuses the second.
 
 SYSV_STASH = cand('''

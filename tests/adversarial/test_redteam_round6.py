@@ -1,0 +1,126 @@
+"""Red team, round 6: the held-stopped check, host resources nothing bounds, the runners' mount point.
+
+Each test asserts the verdict a sound judge gives the attack (and, where it matters, that the next honest
+evaluation on the same Evaluator is judged as on a fresh one). The attack below got through when this pass was
+made (session 13, 1 of 2 tries: a race) and is stopped since.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_judge_isolation import TIMED, cand, honest_after
+from test_redteam_round4 import FIND_RUNNER
+from test_redteam_round5 import UNFREEZABLE, _fresh_gelu
+
+from kb_gym import Evaluator
+from kb_gym.problems import reference_as_candidate
+
+DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def ev():
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
+        yield e
+
+
+# --- 1. CPU time that vanishes from the reading: a banked process that exits, reaped by nobody -------------
+#
+# sandbox.tree_usage sums the schedstat of the tree's LIVE threads and the ticks of its LIVE processes
+# (utime + stime + cutime + cstime). A process that exits during the hold takes all its CPU time with it: its
+# schedstat and stat are gone, and its parent's cutime grows only when the parent wait()s for it. A parent that
+# ignores SIGCHLD never does: the kernel reaps the child at once and its time is added to nobody. And
+# ran_between flags only pids that are NEW at the end, not ones that are gone. So: at import, two "bank"
+# children each burn ~2 s of CPU (seconds of the load stage, which nobody bounds but its timeout), the runner
+# sets SIGCHLD to SIG_IGN, and the round-5 burners (a SIGCONT timer each) burn while the spare calibrates.
+# 40 ms into the hold the banks exit: the tree's CPU reading falls by 4 s, the burners' 2 cores x hold add
+# less than that, the delta is negative, nothing is flagged, and the poisoned calibration is used and kept.
+# The burners then disarm their timers and sleep (later holds, around baseline calls, see nothing). Measured: the
+# spare calibrated 22 ms of overhead and an 11.3 ms tolerance (honest 4.2 / 2), no flag; the banks kept: caught.
+# Also seen: the build cache's hold after the load (frozen(refuse=False, asleep_is_stopped=False)) never sees the
+# timer's tree still, so it waits its 2 s and checks nothing: harmless (nothing copied) but 2 s of judge a try.
+# Stopped since: ran_between counts a process that was alive in the tree when the hold began and is gone at its
+# end as the tree having run (a stopped process cannot exit), and SysV message queues and semaphore sets, kernel
+# memory no RSS shows, are capped in the runner's IPC namespace beside shared memory (process.limit_sysv_ipc).
+
+BANKED = UNFREEZABLE + '''
+
+def _await_hold(nth=2):
+    """The nth time the runner is held stopped: the first is the build cache's copy after the load (which the
+    timer dodges: the judge never sees the tree still and copies nothing), the second the spare's calibration."""
+    for _ in range(nth):
+        while _runner_stopped():
+            time.sleep(0.001)
+        while not _runner_stopped():
+            time.sleep(0.001)
+
+
+def _bank(seconds, done_fd):
+    _unfreezable()
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    os.write(done_fd, b"x")
+    _await_hold()
+    time.sleep(0.04)  # the judge's first reading is taken by now
+    if not EXIT_BANKS:  # the control: the same tree, its banks kept
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
+        while True:
+            time.sleep(3600)
+    os._exit(0)  # with SIGCHLD ignored above: reaped at once, its CPU time added to nobody
+
+
+def _burner():
+    _unfreezable()
+    _await_hold()
+    time.sleep(0.03)  # asleep while the judge checks that the tree stopped
+    while _runner_stopped():
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+    _stop = _ITimerspec(_Timespec(0, 0), _Timespec(0, 0))
+    _libc.timer_settime(ctypes.c_void_p(0), 0, ctypes.byref(_stop), None)
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    while True:
+        time.sleep(3600)
+
+
+if os.getpid() == 1:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the kernel: no cutime
+    _r, _w = os.pipe()
+    for _ in range(2):
+        if os.fork() == 0:
+            try:
+                _bank(3.0, _w)
+            finally:
+                os._exit(0)
+    for _ in range(10):
+        if os.fork() == 0:
+            os.setsid()  # a scheduler group of its own, as round 5's burners
+            try:
+                _burner()
+            finally:
+                os._exit(0)
+    for _ in range(2):
+        os.read(_r, 1)
+'''
+
+BANKED_ONLY = cand(FIND_RUNNER + "EXIT_BANKS = True\n" + BANKED)
+
+
+def test_a_tree_that_ran_while_held_is_caught_even_when_some_of_it_exits(ev):
+    r = ev.evaluate(_fresh_gelu("banked", 512), BANKED_ONLY, config=TIMED)
+    honest_after(ev, TIMED)
+    assert r.status == "runtime_error" and "ran while the judge held" in (r.error or ""), (
+        r.status, r.error, r.correctness.get("envelope"))
+
+
+def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
+    problem = _fresh_gelu("banked_next", 512)
+    first = ev.evaluate(problem, BANKED_ONLY, config=TIMED)
+    r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
+    assert r.status == "correct", (r.status, r.error)
+    envelope = r.correctness["envelope"]
+    assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 6.0, (envelope, first.status)
