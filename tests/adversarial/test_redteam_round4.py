@@ -162,10 +162,11 @@ def test_a_calibration_poisoned_by_one_candidate_does_not_judge_the_next(ev):
     assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 3.0, envelope
 
 
-# One system call that stays in the kernel for seconds (MAP_POPULATE of 64 GB of zero pages: 3-11 s) outlasts the
-# freeze's settle time, in a child or in a thread of the runner: the tree cannot be stopped, and nothing is
-# measured beside it.
-_LONG_POPULATE = "mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000 | 0x4000, " \
+# One system call that stays in the kernel for seconds (MAP_POPULATE of 128 GB of zero pages: ~4 s) outlasts the
+# freeze's settle time (2 s), in a child or in a thread of the runner: the tree cannot be stopped, and nothing is
+# measured beside it. (64 GB took 3-11 s here, but on an idle machine sometimes under 2 s: the freeze then
+# caught the thread between two calls, and the test failed for want of an attack.)
+_LONG_POPULATE = "mmap.mmap(-1, 128 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000 | 0x4000, " \
                  "prot=mmap.PROT_READ).close()"
 STUCK_CHILD = cand(f'''
 import mmap, os, time
@@ -182,7 +183,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 def _loop():
     while True:  # PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | MAP_NORESERVE
-        _libc.munmap(_libc.mmap(None, 64 << 30, 1, 0x2 | 0x20 | 0x8000 | 0x4000, -1, 0), 64 << 30)
+        _libc.munmap(_libc.mmap(None, 128 << 30, 1, 0x2 | 0x20 | 0x8000 | 0x4000, -1, 0), 128 << 30)
 threading.Thread(target=_loop, daemon=True).start()
 ''', "time.sleep(0.005)\n" + GELU_FORWARD)
 
