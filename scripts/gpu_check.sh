@@ -40,7 +40,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     adversarial) KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider ${ADVERSARIAL_ONLY:-\
                    tests/adversarial/test_judge_isolation.py tests/adversarial/test_redteam_round2.py \
                    tests/adversarial/test_spot_check.py tests/adversarial/test_shared_payload.py \
-                   tests/adversarial/test_redteam_round4.py} ;;
+                   tests/adversarial/test_redteam_round4.py tests/adversarial/test_redteam_round5.py \
+                   tests/adversarial/test_redteam_round6.py} ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
