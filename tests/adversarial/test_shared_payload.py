@@ -183,7 +183,7 @@ HOSTILE = {
     "zero_the_memfd_in_a_thread": '''
         import threading, time, mmap, os
         def spoil():
-            for fd in range(3, 64):
+            for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
                 try:
                     size = os.fstat(fd).st_size
                     m = mmap.mmap(fd, size)
@@ -196,7 +196,7 @@ HOSTILE = {
     # seal it against writes and growth: its own copy fails, and the bytes come through the pipe
     "seal_the_memfd": '''
         import fcntl, os
-        for fd in range(3, 64):
+        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
             try:
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
             except OSError:
@@ -210,7 +210,7 @@ HOSTILE = {
     # a 1 TB sparse file: the judge maps only what the description announced
     "grow_it_to_a_terabyte": '''
         import os
-        for fd in range(3, 64):
+        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
             try:
                 if os.fstat(fd).st_size >= 1 << 20:
                     os.ftruncate(fd, 1 << 40)
@@ -238,7 +238,7 @@ def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
 # Seals the memfd, so that the runner says its bytes follow through the pipe; then stalls in writing them.
 STALL_AFTER_DONE = '''
         import fcntl, os, time
-        for fd in range(3, 64):
+        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
             try:
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
             except OSError:
