@@ -32,14 +32,17 @@ def namespace_prefix() -> tuple[str, ...]:
     if not unshare or not os.path.exists("/proc/self/ns/pid"):
         return ()
     for _, flags in _VARIANTS:
-        prefix = (unshare, *flags)
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=20)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return prefix
+        if _starts((unshare, *flags)):
+            return (unshare, *flags)
     return ()
+
+
+def _starts(prefix: tuple[str, ...]) -> bool:
+    """Whether a process started with ``prefix`` runs here."""
+    try:
+        return subprocess.run([*prefix, "true"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 @functools.cache
@@ -47,13 +50,7 @@ def runner_namespace_prefix() -> tuple[str, ...]:
     """namespace_prefix() for a runner started as a fresh interpreter, with an IPC namespace too where one can
     be made: SysV memory then goes with the runner and is capped there (process.limit_sysv_ipc)."""
     prefix = namespace_prefix()
-    if not prefix:
-        return ()
-    try:
-        probe = subprocess.run([*prefix, "--ipc", "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return prefix
-    return (*prefix, "--ipc") if probe.returncode == 0 else prefix
+    return (*prefix, "--ipc") if prefix and _starts((*prefix, "--ipc")) else prefix
 
 
 def describe() -> dict[str, Any]:
