@@ -50,7 +50,7 @@ def test_the_kernel_gives_hashlibs_digests_under_the_interpreter():
     """Partial words and blocks, one and several leaves, two levels, segments and a chunk by itself."""
     sizes = ((0, 0), (3, 0), (64, 0), (1025, 0), (40_000, 0), (9000, 4096))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", _INTERPRETED.format(sizes=sizes)], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-P", "-c", _INTERPRETED.format(sizes=sizes)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "None", out.stdout + out.stderr[-2000:]

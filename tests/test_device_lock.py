@@ -20,7 +20,7 @@ def lock_dir(tmp_path, monkeypatch):
 
 
 def _holder(script: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-P", "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "holding"
     return proc
 

@@ -28,7 +28,7 @@ time.sleep(60)
 
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd here")
 def test_memfd_pages_count_once_for_the_tree_and_never_below_resident_size():
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-P", "-c", HOLDER], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -45,6 +45,6 @@ def test_memfd_pages_count_once_for_the_tree_and_never_below_resident_size():
 
 
 def test_a_tree_that_is_gone_holds_nothing():
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = subprocess.Popen([sys.executable, "-P", "-c", "pass"])
     proc.wait()
     assert tree_memory_bytes(proc.pid) == 0

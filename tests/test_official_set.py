@@ -70,7 +70,7 @@ def test_official_problems_execute_on_cpu(official_path):
     problems = load_problems(official_path)
     payload = "".join(json.dumps(p.to_dict()) + "\n" for p in problems)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", EXEC_SCRIPT], input=payload, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-P", "-c", EXEC_SCRIPT], input=payload, capture_output=True, text=True,
                           timeout=300, env=_cpu_env())
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -99,7 +99,7 @@ def test_two_client_processes_share_one_service(service):
         ev = RayEvaluator(name="kb_gym_test", start=False, config=EvalConfig(trials=2, timing=False))
         print(json.dumps([ev.evaluate(p, reference_as_candidate(p)).status for _ in range(2)]))
     """)
-    other = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=600,
+    other = subprocess.run([sys.executable, "-P", "-c", client], capture_output=True, text=True, timeout=600,
                            env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
     assert other.returncode == 0, other.stderr[-2000:]
     assert json.loads(other.stdout.strip().splitlines()[-1]) == ["correct", "correct"]
@@ -121,7 +121,7 @@ def test_import_kb_gym_does_not_import_ray_and_without_ray_the_error_names_the_e
             "sys.modules['ray'] = None\n"
             "from kb_gym.service import RayEvaluator\n"
             "try:\n    RayEvaluator()\nexcept ImportError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()[-2:]
     assert first == "False" and "kb-gym[ray]" in second

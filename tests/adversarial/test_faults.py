@@ -289,7 +289,7 @@ def test_a_judge_whose_evaluator_process_is_killed_mid_job_ends_with_its_runner(
     import subprocess
 
     slow = candidate(forward="time.sleep(120); return torch.relu(x)")
-    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, slow], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-P", "-c", _ORPHAN_SCRIPT, slow], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path)
     try:
         assert proc.stdout.readline().strip() == "submitted"
@@ -332,7 +332,7 @@ def test_the_runner_filter_refuses_what_a_root_runner_could_escape_with():
         pytest.skip(f"no syscall table for {platform.machine()}")
     names = ["iopl", "ioperm", "bpf", "perf_event_open", "open_by_handle_at", "pidfd_getfd", "keyctl", "add_key",
              "init_module", "finit_module", "adjtimex", "clock_settime", "mount", "setns", "mknodat"]
-    out = subprocess.run([sys.executable, "-c", _FILTERED, *names], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-P", "-c", _FILTERED, *names], capture_output=True, text=True, timeout=60)
     refused, ordinary = out.stdout.splitlines()[:2]
     table = seccomp._ARCHES[platform.machine()][1]
     assert refused.split() == [n for n in names if n in table], (out.stdout, out.stderr)

@@ -191,7 +191,11 @@ threading.Thread(target=_loop, daemon=True).start()
 @pytest.mark.parametrize("stuck", [STUCK_CHILD, STUCK_THREAD], ids=["child", "thread"])
 def test_a_candidate_whose_processes_cannot_be_stopped_is_not_measured(ev, stuck):
     r = ev.evaluate(_fresh_gelu("stuck"), stuck, config=TIMED)
-    assert r.status == "runtime_error" and "did not stop" in (r.error or ""), (r.status, r.error)
+    # On the H200's host (128 GiB) the populates held the runner's own memory map so long that its correctness
+    # stage ran out of time before any timing: refused one stage earlier, and still never measured.
+    refused = (r.status == "runtime_error" and "did not stop" in (r.error or "")) or \
+        (r.status == "timeout" and "correctness stage" in (r.error or ""))
+    assert refused and r.speedup is None and r.runtime_ms is None, (r.status, r.error, r.speedup)
     honest_after(ev, TIMED)
 
 

@@ -74,7 +74,7 @@ def _write_under_file_limit(fd: int, numel: int, limit: int) -> int:
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-c", _WRITER, str(fd), str(numel), str(limit)], pass_fds=(fd,),
+    return subprocess.run([sys.executable, "-P", "-c", _WRITER, str(fd), str(numel), str(limit)], pass_fds=(fd,),
                           timeout=120).returncode
 
 
@@ -114,7 +114,7 @@ def test_the_judge_can_size_the_memfd_for_outputs_beyond_two_gigabytes_under_its
 
     fd = payload.create()
     nbytes = 5 << 30
-    done = subprocess.run([sys.executable, "-c", _JUDGE_RESERVES, str(fd), str(nbytes)], pass_fds=(fd,),
+    done = subprocess.run([sys.executable, "-P", "-c", _JUDGE_RESERVES, str(fd), str(nbytes)], pass_fds=(fd,),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == os.fstat(fd).st_size == nbytes
