@@ -55,6 +55,8 @@ class EvalConfig:
     correctness_timeout: float = 120.0
     timing_timeout: float = 180.0
     memory_limit_mb: int = 32_000
+    # Disk under the worker's scratch folder, removed files it still holds included (scratch_disk.py); 0: none.
+    disk_limit_mb: int = 8_000
     max_source_chars: int = 200_000
     integrity: str = "strict"
 

@@ -314,7 +314,7 @@ class Evaluator(EvaluationAPI):
             job["cached_baseline"] = self._cached_baseline(handle, problem, cfg)
         started = time.perf_counter()
         try:
-            raw = handle.run(job, limits, cfg.memory_limit_mb)
+            raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
         except WorkerDied as exc:
             raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
         log_tail = raw.pop("log_tail", "")

@@ -16,7 +16,7 @@ import stat
 
 # How an in-memory file shows in /proc/PID/fd and /proc/PID/maps: memfds, SysV segments, shared anonymous
 # mappings (an internal shmem file), and the runner's private /dev/shm.
-_SHMEM_PREFIXES = ("/memfd:", "/SYSV", "/dev/zero", "/dev/shm/")
+SHMEM_PREFIXES = ("/memfd:", "/SYSV", "/dev/zero", "/dev/shm/")
 _MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
@@ -30,7 +30,7 @@ def _status_kb(pid: int) -> dict[str, int]:
     return values
 
 
-def _memory_fs_devices(pid: int) -> set[int]:
+def memory_fs_devices(pid: int) -> set[int]:
     """Device numbers of the in-memory file systems mounted in ``pid``'s mount namespace."""
     found = set()
     try:
@@ -66,7 +66,7 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[tuple[str, str]]:
                 if len(fields) < 6 or not fields[5].startswith("/"):
                     continue
                 major, minor = (int(x, 16) for x in fields[3].split(":"))
-                if fields[5].startswith(_SHMEM_PREFIXES) or os.makedev(major, minor) in devices:
+                if fields[5].startswith(SHMEM_PREFIXES) or os.makedev(major, minor) in devices:
                     paths.append((f"/proc/{pid}/map_files/{fields[0]}", fields[5].rstrip("\n")))
     except OSError:
         pass
@@ -97,7 +97,7 @@ def tree_memory_bytes(root_pid: int) -> int:
         except (OSError, ValueError):
             private += rss
             continue
-        devices = _memory_fs_devices(proc.pid)
+        devices = memory_fs_devices(proc.pid)
         try:
             born = proc.create_time() - 1.0
         except psutil.Error:
@@ -111,7 +111,7 @@ def tree_memory_bytes(root_pid: int) -> int:
                 continue
             # A file on a tmpfs counts when it is newer than the process: where the root file system itself
             # is a tmpfs, the libraries every worker maps are old files there and are not the candidate's.
-            if target.startswith(_SHMEM_PREFIXES) or (st.st_dev in devices and st.st_ctime >= born):
+            if target.startswith(SHMEM_PREFIXES) or (st.st_dev in devices and st.st_ctime >= born):
                 seen.add((st.st_dev, st.st_ino))
                 shared += st.st_blocks * 512
     return max(rss_sum, private + shared)

@@ -16,12 +16,14 @@ from typing import Any
 from kb_gym import sandbox
 from kb_gym.device_lock import DeviceLock
 from kb_gym.host_memory import tree_memory_bytes
+from kb_gym.scratch_disk import tree_disk_usage
 from kb_gym.store import cache_dir
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
 LOG_TAIL_BYTES = 16 * 1024
 STARTUP_TIMEOUT = 300.0
 POLL_SECONDS = 0.25
+DISK_POLL_SECONDS = 1.0  # a walk of the scratch folder: cheap, but not every memory poll
 JUDGE_GRACE = 10.0  # seconds past a stage's limit before the judge itself is taken for hung
 
 
@@ -199,7 +201,8 @@ class WorkerHandle:
                 self.restarts += 1
             self.start()
 
-    def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float) -> dict[str, Any]:
+    def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
+            disk_limit_mb: float = 0.0) -> dict[str, Any]:
         """Send a job and wait for its result; a dead, hung or bloated worker becomes a verdict.
 
         After any verdict that is not the worker's own result, the worker is killed; the next
@@ -211,19 +214,20 @@ class WorkerHandle:
             job = {**job, "device_lock": True}
         held_since: list[float] = []
         try:
-            return self._run(job, stage_limits, memory_limit_mb, held_since)
+            return self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since)
         finally:
             if held_since:
                 self.lock_intervals.append((held_since[0], time.monotonic()))
                 self.device_lock.release()
 
     def _run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
-             held_since: list[float]) -> dict[str, Any]:
+             disk_limit_mb: float, held_since: list[float]) -> dict[str, Any]:
         mark = self.drain.mark()
         stage = "load"
         stage_started = time.monotonic()
         token = secrets.token_hex(16)
         peak_rss = 0.0
+        disk_checked = time.monotonic()
         try:
             write_message(self.proc.stdin.fileno(), {**job, "token": token})
         except OSError as exc:
@@ -251,6 +255,11 @@ class WorkerHandle:
                 if rss > memory_limit_mb:
                     return self._fail("crash", f"host memory use {rss:.0f} MB exceeded the "
                                                f"{memory_limit_mb:.0f} MB limit during the {stage} stage", mark, stage)
+                if disk_limit_mb and time.monotonic() - disk_checked >= DISK_POLL_SECONDS:
+                    disk_checked = time.monotonic()
+                    over = self._over_disk(disk_limit_mb)
+                    if over:
+                        return self._fail("crash", f"{over} during the {stage} stage", mark, stage)
                 continue
             if msg.get("type") == "stage":
                 stage = str(msg.get("stage"))
@@ -271,6 +280,20 @@ class WorkerHandle:
                 if msg.get("restart"):
                     self.kill()
                 return msg
+
+    def _over_disk(self, disk_limit_mb: float) -> str:
+        """Why the worker tree's disk use is over its limit (scratch_disk.py), or "" when it is not."""
+        scratch = self.info.get("scratch")
+        if not scratch or self.proc is None:
+            return ""
+        usage = tree_disk_usage(self.proc.pid, scratch)
+        if usage.too_many_entries:
+            return f"its scratch folder held more than {usage.max_entries:,} files and folders"
+        if usage.nbytes > disk_limit_mb * 2**20:
+            held = f", {usage.held_removed / 2**20:.0f} MB of it in removed files still held open" \
+                if usage.held_removed else ""
+            return f"disk use {usage.nbytes / 2**20:.0f} MB{held} exceeded the {disk_limit_mb:.0f} MB limit"
+        return ""
 
     def _exit_code(self) -> int | None:
         """The worker's exit status; its pipe closes a moment before the kernel reports the exit."""

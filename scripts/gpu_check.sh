@@ -41,7 +41,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                    tests/adversarial/test_judge_isolation.py tests/adversarial/test_redteam_round2.py \
                    tests/adversarial/test_spot_check.py tests/adversarial/test_shared_payload.py \
                    tests/adversarial/test_redteam_round4.py tests/adversarial/test_redteam_round5.py \
-                   tests/adversarial/test_redteam_round6.py} ;;
+                   tests/adversarial/test_redteam_round6.py tests/adversarial/test_scratch_disk.py} ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
