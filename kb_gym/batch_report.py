@@ -22,6 +22,14 @@ def _own(row: dict[str, Any]) -> float:
     return row["total_s"] - row["stages"].get("queue", 0.0)
 
 
+def _startup_phases(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        for name, seconds in (row.get("runner_startup") or {}).items():
+            phases.setdefault(name, []).append(seconds)
+    return phases
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The figures derived from ``report``'s rows, wall and KernelBench-way rows, added to it."""
     rows, wall = report["rows"], report["wall_s"]
@@ -36,6 +44,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         candidates=len(rows), per_candidate_s=wall / len(rows),
         evaluations_per_gpu_hour=3600 * len(rows) / (wall * devices),
         stage_median_s={k: statistics.median(v) for k, v in stages.items()},
+        # where a runner's start-up goes (medians over the candidates' runners; what spare_wait waits for)
+        runner_startup_median_s={k: statistics.median(v) for k, v in _startup_phases(rows).items()},
         statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
         build_cache_hits=sum(r["build_cached"] for r in rows),
         # hits whose build the runner found up to date; the rest were built again all the same
@@ -94,6 +104,8 @@ def format_batch(report: dict[str, Any]) -> str:
              f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']} "
              f"({report.get('build_cache_reused', '-')} up to date)",
              "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
+             "runner start-up medians (s): " + (", ".join(f"{k} {v:.3f}" for k, v in
+                                                      report.get("runner_startup_median_s", {}).items()) or "-"),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "

@@ -396,6 +396,7 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       sysv_shm_mb=int(box.get("sysv_shm_mb") or 0),
                       capabilities=str(box.get("capabilities") or "")[:120],
                       runner_startup_s=runner.get("startup_seconds"), overhead_ms=runner.get("overhead_ms"),
+                      runner_startup_phases=runner.get("startup_phases") or {},
                       runner_forked=bool(runner.get("forked")),
                       build_cached=bool(runner.get("build_cached")),
                       # a cache hit whose build was up to date in the runner (False: rebuilt all the same)

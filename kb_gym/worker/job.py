@@ -177,6 +177,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
                                 "startup_seconds": runner.info.get("startup_seconds"),
+                                "startup_phases": runner.info.get("startup_phases"),
                                 "build_cached": bool(result.get("build_cached")),
                                 "build_reused": result.get("build_reused"),
                                 "shm_payloads": runner.shm_payloads,

@@ -290,6 +290,12 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     """The runner's life: set up the sandbox, say ready, answer the judge until it closes the pipe.
     Entered from main() (a fresh interpreter) or from a zygote's forked child (zygote.py)."""
     started = time.perf_counter()
+    phases: dict[str, float] = {}  # where a runner's start-up goes (the judge waits for it before timing)
+    last = [started]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name], last[0] = round(now - last[0], 4), now
 
     proto_in, proto_out = take_protocol_fds()
     set_limits(file_bytes=1 << 30)
@@ -302,6 +308,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     sandbox = {**_confine(scratch, device), **caps}
     sandbox.update(private_shm_mb=SHM_MB if shm else 0, sysv_shm_mb=SHM_MB if sysv else 0, pid_namespace=namespaces,
                    network_namespace=namespaces)
+    phase("sandbox")
 
     def send(message: dict[str, Any]) -> None:
         write_message(proto_out, message)
@@ -339,15 +346,19 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
                 raise
             send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
             os._exit(3)
+    phase("cuda")
     pch_dir = os.environ.get(pch.ENV_DIR)
     confined = bool(sandbox.get("landlock"))  # writes only in its scratch folder: the PCH stays as built
     runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_escape_syscalls())
+    phase("seccomp")
     # The digest kernel loaded now (from the Triton cache the judge seeded), not in the first call.
     wanted = os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
     digest_error = device_digest.warm(torch.device(device)) if wanted else None
+    phase("digest")
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started,
+          "startup_phases": phases,
           "device_digest": wanted and digest_error is None, "device_digest_error": digest_error})
     reader = MessageReader(proto_in)
     while True:

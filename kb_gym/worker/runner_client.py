@@ -212,6 +212,9 @@ class RunnerProcess:
             raise StageError("crash", f"a {'forked ' if self.forked else ''}runner for {self.device} failed to "
                                       f"start: {said} {log[-1500:]}".strip())
         self.info = msg
+        # from the judge's request to "ready": the fork (or the interpreter's start) and the runner's own phases
+        self.info["startup_phases"] = {"until_ready": round(time.monotonic() - self.started, 4),
+                                       **(msg.get("startup_phases") or {})}
         self.device_digest = bool(msg.get("device_digest")) and device_digest.trusted(self.torch_device)
         # why outputs on a GPU are hashed on the host after all: the judge's self-check, or the runner's load
         self.digest_note = "" if self.device_digest else (device_digest.why_not(self.torch_device) or str(
