@@ -118,6 +118,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from kb_gym.device_timeline import overlap_report, timelines
+    from kb_gym.metrics import load_results
+
+    rows = [row for path in args.results for row in load_results(path)]
+    print(overlap_report(rows))
+    # exit 1 when two timings shared a GPU (a CPU's workers may time side by side where no lock was asked for)
+    return int(any(line.overlaps for key, line in timelines(rows).items() if not key.endswith("/cpu")))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from kb_gym.demo import run_demo
 
@@ -463,6 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm workers per device; they load side by side and take turns on the device")
     p.add_argument("--out", default=None, help="write the statistics as JSON here")
     p.set_defaults(func=cmd_soak)
+
+    p = sub.add_parser("timeline", help="per device, the timings of results files and any two that overlapped "
+                                        "(exit 1 when two shared a GPU)")
+    p.add_argument("results", nargs="+", help="results JSONL file(s), e.g. of several trainer ranks")
+    p.set_defaults(func=cmd_timeline)
 
     p = sub.add_parser("report", help="fast_p table (p = 0 ... 2, by level) of a results file, or several compared")
     p.add_argument("results", nargs="+", help="results JSONL file(s): several give one table and one plot of all")

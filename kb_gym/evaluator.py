@@ -332,6 +332,8 @@ class Evaluator(EvaluationAPI):
                             hardware=dict(handle.info.get("hardware", {})),
                             worker=_worker_fields(handle, raw.get("runner")))
         result.stage_seconds["queue"] = started - queued
+        if raw.get("timed_at"):
+            result.worker["timed_at"] = raw["timed_at"]
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import socket
 import subprocess
 from typing import Any
 
@@ -51,9 +52,11 @@ def fingerprint(device: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device))
         info.update(name=props.name, capability=f"{props.major}.{props.minor}",
-                    memory_gb=round(props.total_memory / 2**30, 1), driver=_driver_version())
+                    memory_gb=round(props.total_memory / 2**30, 1), driver=_driver_version(),
+                    uuid=str(getattr(props, "uuid", "")))  # this GPU, whatever CUDA_VISIBLE_DEVICES calls it
     else:
         info.update(name=_cpu_name(), capability="cpu", driver="", threads=torch.get_num_threads())
+    info["host"] = socket.gethostname()
     key = {k: info[k] for k in ("name", "driver", "torch", "cuda", "triton", "capability")}
     info["hash"] = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return info

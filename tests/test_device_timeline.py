@@ -1,0 +1,60 @@
+"""The record that no two timings shared a device: spans per physical device, overlaps found."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
+from kb_gym.cli import main
+from kb_gym.device_timeline import overlap_report, timelines
+from kb_gym.problems import reference_as_candidate
+
+
+def _row(uuid: str, start: float, end: float, device: str = "cuda:0") -> dict:
+    return {"device": device, "hardware": {"host": "node1", "uuid": uuid}, "worker": {"timed_at": [start, end]}}
+
+
+def test_spans_are_grouped_by_the_physical_gpu_and_overlaps_are_found():
+    # Two Ray actors each see their GPU as cuda:0: the UUIDs tell them apart.
+    rows = [_row("GPU-a", 0.0, 1.0), _row("GPU-b", 0.5, 1.5), _row("GPU-a", 1.0, 2.0), _row("GPU-a", 1.8, 2.5),
+            {"device": "cuda:0", "worker": {}}]  # untimed (an incorrect candidate): no span
+    lines = timelines(rows)
+    assert set(lines) == {"node1/GPU-a", "node1/GPU-b"}
+    a = lines["node1/GPU-a"]
+    assert [i for _, _, i in a.spans] == [0, 2, 3] and a.busy_s == pytest.approx(2.7)
+    assert [(i, j) for i, j, _ in a.overlaps] == [(2, 3)] and a.overlaps[0][2] == pytest.approx(0.2)
+    assert not lines["node1/GPU-b"].overlaps  # 0.5-1.5 on another GPU is no overlap
+    assert "1 overlapping pairs (longest 0.200 s)" in overlap_report(rows)
+
+
+def test_the_cli_exits_1_when_two_timings_shared_a_gpu(tmp_path, capsys):
+    clean, shared = tmp_path / "clean.jsonl", tmp_path / "shared.jsonl"
+    clean.write_text("\n".join(json.dumps(r) for r in [_row("GPU-a", 0, 1), _row("GPU-a", 1, 2)]) + "\n")
+    shared.write_text(json.dumps(_row("GPU-a", 1.5, 3)) + "\n")
+    assert main(["timeline", str(clean)]) == 0
+    assert main(["timeline", str(clean), str(shared)]) == 1  # two ranks' stores read together
+    assert "node1/GPU-a: 3 timings" in capsys.readouterr().out
+
+
+TIMED = EvalConfig(trials=1, timing_min_reps=20, timing_max_reps=40, timing_warmup=2, timing_target_rel_ci=0.0001)
+
+
+def test_a_devices_workers_take_turns_and_the_record_shows_it():
+    """Two workers of one device (a lock between them) time one after the other; two workers given the device
+    twice by name (no lock: the user's choice) time side by side, and the record shows that too."""
+    problem = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
+    batch = [(problem, reference_as_candidate(problem))] * 4
+    with Evaluator("cpu", workers_per_device=2, results_path=False, baseline_cache=False, config=TIMED) as ev:
+        locked = ev.evaluate_many(batch)
+    with Evaluator("cpu,cpu", results_path=False, baseline_cache=False, config=TIMED) as ev:
+        unlocked = ev.evaluate_many(batch)
+    for results in (locked, unlocked):
+        assert all(r.status == "correct" and len(r.worker["timed_at"]) == 2 for r in results), \
+            [(r.status, r.error) for r in results]
+        assert all(r.hardware.get("host") for r in results)
+    (line,) = timelines(locked).values()
+    assert len(line.spans) == 4 and not line.overlaps, line
+    (line,) = timelines(unlocked).values()
+    assert line.overlaps, line
