@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: ray (the batch through the local backend and the Ray service; see the part), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   PART: ray (the batch through the local backend and the Ray service; see the part), multi and refcopy (two GPUs: the
+#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -87,6 +88,21 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
           kb bench --batch --no-kernelbench-way --warm-builds ${BATCH_ARGS:-} --out "$OUT/batch-local.json" && \
           kb bench --batch --no-kernelbench-way --warm-builds --backend ray \
             ${BATCH_ARGS:-} --out "$OUT/batch-ray.json") ;;
+    # The multi-GPU issue (needs two GPUs; nvidia-h200-x2): the batch on one GPU and on two (local), then on two
+    # through Ray; one cache folder, builds warmed before any clock, from /tmp as in the ray part.
+    multi) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kb_ray_site .carry/ray/*.whl \
+             || return 1
+           export PYTHONPATH=$SITE:/tmp/kb_ray_site
+           rm -rf /tmp/kb_gym_cache_multi
+           (cd /tmp && export KB_GYM_CACHE=/tmp/kb_gym_cache_multi && \
+            kb bench --batch --no-kernelbench-way --warm-builds --device cuda:0 --out "$OUT/batch-1gpu.json" && \
+            kb bench --batch --no-kernelbench-way --warm-builds --device cuda --out "$OUT/batch-2gpu.json" && \
+            kb bench --batch --no-kernelbench-way --warm-builds --device cuda --backend ray \
+              --out "$OUT/batch-ray-2gpu.json") ;;
+    # Reference-as-candidate on REFCOPY_PROBLEMS official problems on every GPU at once (one Evaluator each):
+    # speedups in [0.98, 1.02], baselines within 2% across GPUs, and from the results no two timings on one GPU.
+    refcopy) python3 -P scripts/refcopy_devices.py --devices cuda --problems "${REFCOPY_PROBLEMS:-16}" \
+               --out "$OUT/refcopy" && kb timeline "$OUT"/refcopy/results-*.jsonl ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
@@ -124,6 +140,8 @@ cat "$OUT/payload.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 14 "$OUT/batch.log" 2>/dev/null
 grep -E "wall|per GPU-hour|busy" "$OUT/ray.log" 2>/dev/null | tail -8
+grep -E "^Evaluator:" "$OUT/multi.log" 2>/dev/null
+tail -n 8 "$OUT/refcopy.log" 2>/dev/null
 tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 for f in "$OUT"/audit-*.jsonl; do [ -f "$f" ] && echo "$(basename "$f") rows: $(wc -l <"$f")"; done

@@ -58,3 +58,23 @@ def test_a_devices_workers_take_turns_and_the_record_shows_it():
     assert len(line.spans) == 4 and not line.overlaps, line
     (line,) = timelines(unlocked).values()
     assert line.overlaps, line
+
+
+def test_the_multi_gpu_refcopy_script_runs_every_problem_on_every_device(tmp_path):
+    """scripts/refcopy_devices.py (the multi-GPU issue's check), here on two CPU evaluators at once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "refcopy_devices.py"
+    done = subprocess.run([sys.executable, "-P", str(script), "--devices", "cpu,cpu", "--dataset", "builtin",
+                           "--problems", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: a CPU's refcopy speedups may leave the band
+    summary = json.loads((tmp_path / "refcopy-devices.json").read_text())
+    assert summary["problems"] == 2 and len(summary["rows"]) == 2 and summary["gpu_timing_overlaps"] == 0
+    assert all(row["statuses"] == ["correct", "correct"] and all(row["ref_ms"]) for row in summary["rows"])
+    for k in (0, 1):
+        rows = [json.loads(line) for line in (tmp_path / f"results-{k}-cpu.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 and all(r["worker"]["timed_at"] for r in rows)
+    assert "baseline spread" in done.stdout and "timings" in done.stdout
