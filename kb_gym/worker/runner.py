@@ -358,7 +358,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     digest_error = device_digest.warm(torch.device(device)) if wanted else None
     phase("digest")
     send({"type": "ready", "pid": os.getpid(), "sandbox": sandbox, "startup_seconds": time.perf_counter() - started,
-          "startup_phases": phases,
+          "startup_phases": phases, "ready_at": time.time(),
           "device_digest": wanted and digest_error is None, "device_digest_error": digest_error})
     reader = MessageReader(proto_in)
     while True:

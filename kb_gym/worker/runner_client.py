@@ -127,6 +127,7 @@ class RunnerProcess:
         self.rtt_ms = 0.0
         self.stage = "load"
         self.started = time.monotonic()
+        self.started_wall = time.time()  # the runner's "ready" carries its own wall clock (one host)
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
 
         env = runner_env(device, self.scratch)
@@ -212,8 +213,11 @@ class RunnerProcess:
             raise StageError("crash", f"a {'forked ' if self.forked else ''}runner for {self.device} failed to "
                                       f"start: {said} {log[-1500:]}".strip())
         self.info = msg
-        # from the judge's request to "ready": the fork (or the interpreter's start) and the runner's own phases
-        self.info["startup_phases"] = {"until_ready": round(time.monotonic() - self.started, 4),
+        # from the judge's request to "ready" (not to when the judge read it): the fork or the interpreter's start,
+        # then the runner's own phases
+        ready_at = msg.get("ready_at")
+        until = ready_at - self.started_wall if isinstance(ready_at, float) else time.monotonic() - self.started
+        self.info["startup_phases"] = {"until_ready": round(until, 4),
                                        **(msg.get("startup_phases") or {})}
         self.device_digest = bool(msg.get("device_digest")) and device_digest.trusted(self.torch_device)
         # why outputs on a GPU are hashed on the host after all: the judge's self-check, or the runner's load
