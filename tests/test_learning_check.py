@@ -15,6 +15,7 @@ import pytest
 
 from kb_gym import EvalConfig, Evaluator
 from kb_gym.problems import get_problem, load_problems, reference_as_candidate
+from kb_gym.training.dedup import DedupEvaluator
 from kb_gym.training.learning_check import main, parse_phases, run
 from kb_gym.training.learning_check.common import Deadline, Layout, LearningCheckConfig, budget_callback, read_jsonl
 from kb_gym.training.learning_check.corpus import (
@@ -29,7 +30,6 @@ from kb_gym.training.learning_check.corpus import (
     slow_code,
 )
 from kb_gym.training.learning_check.eval import run_eval
-from kb_gym.training.learning_check.grpo import DedupEvaluator
 from kb_gym.training.learning_check.stats import (
     bootstrap_mean,
     paired_difference,

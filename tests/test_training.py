@@ -98,6 +98,37 @@ def test_reward_function_picks_its_preset_by_name():
     assert rewards == [1.0, 0.0] and fast.__name__ == "fast0"
 
 
+def test_identical_programs_of_a_batch_are_evaluated_once_and_every_sample_is_recorded(reward_fn, tmp_path):
+    """A GRPO group that repeats itself: the same code (whatever prose is around it) is evaluated once per call
+    (dedup="batch", the default) or once per run ("run"); each copy gets the verdict and a row in the store."""
+    same = [{"role": "assistant", "content": f"Sure! A Triton kernel:\n```python\n{SOLUTION}```\nDone."}]
+    completions = [answer(SOLUTION), same, answer(WRONG_RELU), answer(SOLUTION)]
+    store = reward_fn.evaluator.store.path
+
+    def call(fn) -> tuple[list[float], list[dict], dict]:
+        logged: dict[str, float] = {}
+        before = len(store.read_text().splitlines())
+        rewards = fn(completions=completions, problem_key=[RELU] * 4, log_metric=logged.__setitem__)
+        return rewards, [json.loads(line) for line in store.read_text().splitlines()[before:]], logged
+
+    for _ in range(2):  # per call: the second call evaluates its programs again
+        rewards, rows, logged = call(reward_fn)
+        assert len(rows) == 4 and sum(bool(r.get("duplicate")) for r in rows) == 2, rows
+        assert rewards[0] == rewards[1] == rewards[3] > rewards[2] and logged["kernel_reward/duplicates"] == 0.5
+        results = reward_fn.last_results
+        assert [r.status for r in results] == ["correct", "correct", "incorrect", "correct"]
+        assert len({id(r) for r in results}) == 4  # each sample its own result object
+    run = KernelRewardFunction(KernelRewardConfig(reward="default", dedup="run"), evaluator=reward_fn.evaluator)
+    call(run)
+    rewards, rows, logged = call(run)  # every program of the second call was evaluated by the first
+    assert sum(bool(r.get("duplicate")) for r in rows) == 4 and logged["kernel_reward/duplicates"] == 1.0
+    off = KernelRewardFunction(KernelRewardConfig(reward="default", dedup="off"), evaluator=reward_fn.evaluator)
+    _, rows, logged = call(off)
+    assert not any(r.get("duplicate") for r in rows) and logged["kernel_reward/duplicates"] == 0.0
+    with pytest.raises(ValueError, match="dedup must be one of"):
+        KernelRewardConfig(dedup="always")
+
+
 def test_mismatched_columns_are_a_clear_error(reward_fn):
     with pytest.raises(ValueError, match="2 completions but 1 problem keys"):
         reward_fn(completions=["a", "b"], problem_key=[RELU])

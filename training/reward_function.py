@@ -26,6 +26,7 @@ from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status, valid_speedup
 from kb_gym.rewards import get_reward, is_correct
+from kb_gym.training.dedup import DEDUP_SCOPES, DedupEvaluator
 
 
 @dataclass
@@ -46,6 +47,9 @@ class KernelRewardConfig:
             Ray evaluation service every trainer rank shares (``"ray"``: the current cluster,
             ``"ray://HOST:10001"``; started with ``kb-gym serve``; docs/distributed.md).
         name: the name TRL logs the reward under.
+        dedup: identical programs (same problem, same extracted code) evaluated once, each copy given the verdict
+            and recorded with ``duplicate: true``: ``"batch"`` (default; the copies in one call, e.g. a GRPO
+            group that repeats itself), ``"run"`` (every call of this function) or ``"off"`` (training/dedup.py).
     """
 
     reward: str = "default"
@@ -58,6 +62,11 @@ class KernelRewardConfig:
     results_path: str | bool | None = None
     evaluator: str = "local"
     name: str = "kernel_reward"
+    dedup: str = "batch"
+
+    def __post_init__(self) -> None:
+        if self.dedup not in DEDUP_SCOPES:
+            raise ValueError(f"dedup must be one of {DEDUP_SCOPES}, got {self.dedup!r}")
 
 
 def completion_text(completion: Any) -> str:
@@ -96,6 +105,8 @@ class KernelRewardFunction:
         self.evaluator = evaluator or Evaluator(self.config.devices, config=self.config.eval_config,
                                                 results_path=self.config.results_path,
                                                 workers_per_device=self.config.workers_per_device)
+        if self.config.dedup == "run":
+            self.evaluator = DedupEvaluator(self.evaluator)
         self.last_results: list[EvalResult] = []
         self._warned = False
 
@@ -121,19 +132,33 @@ class KernelRewardFunction:
             raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
         # Submit the whole batch before waiting on any of it: the workers of every device share it.
         started = time.perf_counter()
-        futures = [self.evaluator.submit(self.problems[key], completion_text(c)) if key in self.problems else key
-                   for key, c in zip(problem_key, completions, strict=True)]
+        submitter = self.evaluator
+        if self.config.dedup == "batch" and not isinstance(submitter, DedupEvaluator):
+            submitter = DedupEvaluator(submitter)  # this call's copies share one evaluation
+        futures: list[Future | str] = []
+        copies: list[bool] = []  # the verdict of an identical program evaluated before
+        for key, c in zip(problem_key, completions, strict=True):
+            hits = getattr(submitter, "hits", 0)
+            futures.append(submitter.submit(self.problems[key], completion_text(c)) if key in self.problems else key)
+            copies.append(getattr(submitter, "hits", 0) != hits)
         pending = [f for f in futures if isinstance(f, Future)]
         # A bar while a batch of kernels is evaluated (minutes at GPU size); off where stderr is not a terminal.
         for _ in tqdm(as_completed(pending), total=len(pending), desc="evaluating kernels", leave=False, disable=None):
             pass
         results = [f.result() if isinstance(f, Future) else self._unknown(f) for f in futures]
         seconds = time.perf_counter() - started
+        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's service keeps its own
+        for i, copy in enumerate(copies):
+            if copy:  # its own object, and a row of its own in the store: every sample is recorded
+                results[i] = EvalResult.from_dict(results[i].to_dict())
+                if store is not None:
+                    store.append(results[i], extra={"duplicate": True})
         self.last_results = results
         scored = [self._reward(r) for r in results]
         rewards = [float(reward) for reward, _ in scored]
         if log_metric is not None:
             metrics = batch_metrics(results, parts=[parts for _, parts in scored], seconds=seconds)
+            metrics["duplicates"] = sum(copies) / max(1, len(copies))
             for name, value in metrics.items():
                 log_metric(f"{self.__name__}/{name}", value)
         if log_extra is not None:

@@ -17,7 +17,6 @@ re-timing the same program buys only timing noise.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import time
@@ -28,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from kb_gym.config import CONFIG_PRESETS, config_preset
-from kb_gym.extract import extract_code
 from kb_gym.problems import Problem
 from kb_gym.prompts import build_messages
 from kb_gym.result import EvalResult
 from kb_gym.store import ResultsStore
+from kb_gym.training.dedup import program_key
 from kb_gym.training.learning_check.common import (
     Deadline,
     Layout,
@@ -59,13 +58,6 @@ def policy_for(cfg: LearningCheckConfig, layout: Layout, which: str) -> str:
 
 def eval_config_fields(cfg: LearningCheckConfig) -> dict[str, Any]:
     return {**CONFIG_PRESETS[cfg.eval_preset], **cfg.eval_config}
-
-
-def code_key(problem_key: str, text: str) -> str:
-    """What makes two answers the same candidate: the problem and the program the evaluator will extract."""
-    code = extract_code(text).code
-    body = code if code is not None else "\x00no-code\x00" + text
-    return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
 
 
 def _rows_of(path: Path, model: str) -> list[dict[str, Any]]:
@@ -151,11 +143,11 @@ def _evaluate_missing(jobs: Sequence[tuple[Problem, int]], answers: dict[tuple[s
         for r in rows:
             text = answers.get((r["problem_key"], int(r.get("sample", 0))))
             if text is not None and "duplicate_of" not in r:
-                known.setdefault(code_key(r["problem_key"], text), (int(r.get("sample", 0)), r))
+                known.setdefault(program_key(r["problem_key"], text), (int(r.get("sample", 0)), r))
     left = [(p, k) for p, k in jobs if (p.key, k) not in have and (p.key, k) in answers]
     groups: dict[str, list[tuple[Problem, int]]] = {}
     for p, k in left:
-        key = code_key(p.key, answers[(p.key, k)]) if cfg.dedup else f"{p.key}:{k}"
+        key = program_key(p.key, answers[(p.key, k)]) if cfg.dedup else f"{p.key}:{k}"
         groups.setdefault(key, []).append((p, k))
     stats = {"evaluated": 0, "duplicates": 0, "eval_seconds": 0.0, "slowest_s": 0.0}
     if not groups:

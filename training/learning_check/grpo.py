@@ -23,10 +23,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.problems import Problem
+from kb_gym.training.dedup import DedupEvaluator
 from kb_gym.training.learning_check.common import (
     Deadline,
     Layout,
@@ -40,35 +40,10 @@ from kb_gym.training.learning_check.common import (
     single_gpu,
     write_json,
 )
-from kb_gym.training.learning_check.eval import code_key, policy_for
+from kb_gym.training.learning_check.eval import policy_for
 
 KEPT_METRICS = ("reward", "reward_std", "loss", "learning_rate", "completions/mean_length",
                 "completions/clipped_ratio", "frac_reward_zero_std", "entropy")
-
-
-class DedupEvaluator:
-    """An evaluator in front of another that evaluates each (problem, program) once and hands every later copy
-    the same Future. Everything else (``store``, ``devices``, ``close``) is the inner evaluator's."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.cache: dict[str, Future] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def submit(self, problem: Problem, text: str, **kwargs: Any) -> Future:
-        key = code_key(problem.key, text)
-        future = self.cache.get(key)
-        if future is not None and not (future.done() and future.exception() is not None):
-            self.hits += 1
-            return future
-        self.misses += 1
-        future = self.inner.submit(problem, text, **kwargs)
-        self.cache[key] = future
-        return future
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def step_recorder(trainer: Any, path: Any, dedup: DedupEvaluator | None, reward_name: str) -> Any:
