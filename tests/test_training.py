@@ -88,9 +88,8 @@ def test_rewards_order_a_batch_and_log_metrics(reward_fn):
 
 
 def test_reward_function_picks_its_preset_by_name():
-    # "kernelbench" integrity: the name lookup is under test, not the CPU envelope, whose ~1 ms of honest excess
-    # for a Triton-interpreter kernel sits close enough to the 2 ms CPU floor that a loaded CI machine can flag it
-    # (side_stream: no speed credit, fast_0 reward 0)
+    # "kernelbench" integrity: the name lookup is under test, not the CPU envelope (an honest Triton-interpreter
+    # kernel's excess, 1.4-1.95 ms, sits under the 3 ms CPU floor but not far)
     with Evaluator("cpu", config=SMALL.replace(integrity="kernelbench"), results_path=False) as ev:
         fast = KernelRewardFunction(KernelRewardConfig(reward="fast_p", reward_kwargs={"p": 0.0}, name="fast0"),
                                     evaluator=ev)

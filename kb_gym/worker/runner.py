@@ -19,6 +19,7 @@ ptrace, mounts, device nodes, modules, clock setting, the keyring and other arch
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import os
 import sys
@@ -195,6 +196,20 @@ class Runner:
         pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
         self.counter.reset()
         self.counter.backends.clear()
+        collecting = gc.isenabled()
+        if timed:
+            gc.disable()
+        try:
+            self._respond(msg, model, inputs, pristine, timed)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _respond(self, msg: dict[str, Any], model: Any, inputs: list[Any], pristine: Any, timed: bool) -> None:
+        """The call itself and its "done". On a timed call the garbage collector waits until "done" is sent: a
+        collection of the forward's garbage right after it (the Triton interpreter leaves much) fell outside the
+        reported time and inside the judge's envelope (CPU: the honest excess of a Triton ReLU 1.9-3.1 ms
+        against the 2 ms floor, flagged side_stream; 1.4-1.95 ms without it)."""
         try:
             if timed:
                 out, event_ms, host_ms = timed_call(model, inputs, self.device, self.flusher)

@@ -36,8 +36,10 @@ ENVELOPE_TOLERANCE = 0.03
 # On the H200 the runner's per-call overhead (~2.2-8 ms) differs from the spare's calibration by up to 0.26 ms
 # for honest candidates (14 evaluations, docs/measurements/runner-smoke-h200-2026-12-01-shield-1ms.log): at a
 # 0.02 ms floor a reference copy of a 5 us softmax was charged 0.086 ms and flagged. Hidden work below the
-# floor goes uncounted: docs/integrity.md, Open.
-ENVELOPE_FLOOR_MS = {"cuda": 0.3, "cpu": 2.0}
+# floor goes uncounted: docs/integrity.md, Open. On the CPU an honest Triton-interpreter kernel left 1.4-3.1 ms of
+# excess on this 2-core machine (2026-12-02; 1.4-1.95 ms once the runner held its garbage collection until "done"):
+# at a 2 ms floor the Triton ReLU solution was flagged side_stream in 2 of 3 evaluations.
+ENVELOPE_FLOOR_MS = {"cuda": 0.3, "cpu": 3.0}
 SPREAD_FACTOR = 4.0  # x the median absolute deviation of the pristine runner's own per-call overhead
 # A share of that overhead itself: building multi-GB inputs on a loaded CPU drifts by more than its spread.
 OVERHEAD_SHARE = {"cuda": 0.02, "cpu": 0.1}

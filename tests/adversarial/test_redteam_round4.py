@@ -49,7 +49,7 @@ def ev(tmp_path_factory):
 # --- 1. a false event time below the envelope's floor, under the default policy --------------------------
 #
 # The candidate's time is the event time its runner reports; the judge's envelope overrides it only where the
-# envelope exceeds events + calibrated overhead by more than the tolerance, whose floor is 2 ms on the CPU
+# envelope exceeds events + calibrated overhead by more than the tolerance, whose floor is 3 ms on the CPU
 # (0.3 ms on a GPU). So a call whose whole work fits under the floor can report any time at all. The runner
 # module is reached through ``vars(torch)["sys"].modules`` (no static finding), its ``timed_call`` binding
 # reports 1 us, and ``LaunchCounter.reset`` leaves a count of 1 so that eager PyTorch is not
