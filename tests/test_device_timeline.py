@@ -78,3 +78,19 @@ def test_the_multi_gpu_refcopy_script_runs_every_problem_on_every_device(tmp_pat
         rows = [json.loads(line) for line in (tmp_path / f"results-{k}-cpu.jsonl").read_text().splitlines()]
         assert len(rows) == 2 and all(r["worker"]["timed_at"] for r in rows)
     assert "baseline spread" in done.stdout and "timings" in done.stdout
+
+
+@pytest.mark.gpu
+def test_a_gpu_result_names_its_physical_gpu_and_its_timing_span():
+    """On a GPU the record names the device by UUID, the same whatever CUDA_VISIBLE_DEVICES the judge saw."""
+    import torch
+
+    problem = get_problem(load_problems("builtin", size="gpu"), name="level1/1_ReLU")
+    with Evaluator("cuda:0", results_path=False, baseline_cache=False) as ev:
+        r = ev.evaluate(problem, reference_as_candidate(problem))
+    assert r.status == "correct", (r.status, r.error)
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    assert r.hardware["uuid"] == uuid and r.hardware["host"], r.hardware
+    start, end = r.worker["timed_at"]
+    assert 0 < end - start < r.stage_seconds["total"] + 1.0
+    assert set(timelines([r])) == {f"{r.hardware['host']}/{uuid}"}
