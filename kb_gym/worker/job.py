@@ -285,7 +285,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         return
     _stage(ctx, state, "timing")
     t0 = time.perf_counter()
-    timed_from = time.time()  # wall clock: judges of one host compare their timing stages (timing_overlaps)
+    timed_from = time.time()  # wall clock: the judges of one host compare their timing stages (device_timeline.py)
     deadline = _deadline(cfg, "timing")  # settling, calibration and the loop share it
     # The spare finishes starting before the loop: a process importing torch beside it would take CPU
     # time from the host side of every timed call.
