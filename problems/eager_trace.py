@@ -109,3 +109,12 @@ def estimate(problem: Problem) -> EagerEstimate:
                          memory_gb=(resident + sum(o.alloc for o in ops)) / 1e9,
                          input_shapes=[tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)],
                          output_shapes=[tuple(t.shape) for t in outs])
+
+
+def output_gb(problem: Problem) -> float:
+    """GB of ``problem``'s outputs (4 bytes an element) from the meta-tensor trace; 0 for a problem the trace
+    cannot follow (scripts order problems by it: smallest outputs first)."""
+    try:
+        return sum(math.prod(s) * 4 for s in estimate(problem).output_shapes) / 1e9
+    except Exception:  # noqa: BLE001 (any failure of the trace only orders the problem first)
+        return 0.0

@@ -1,7 +1,6 @@
 """One honest and a few hostile candidates on the GPU through the judge/runner split, with stage times."""
 
 import json
-import math
 import time
 
 from kb_gym import Evaluator, get_problem, load_problems
@@ -44,12 +43,7 @@ with Evaluator("cuda:0", results_path=False, baseline_cache=False) as ev:
     official = [p for level in (1, 2) for p in load_problems("official", level=level)]
     chosen = official[::max(1, len(official) // 24)]
 
-    def output_gb(p) -> float:  # from the meta-tensor trace; a problem it cannot trace counts as small
-        from kb_gym.problems.eager_trace import estimate
-        try:
-            return sum(math.prod(s) * 4 for s in estimate(p).output_shapes) / 1e9
-        except Exception:  # noqa: BLE001
-            return 0.0
+    from kb_gym.problems.eager_trace import output_gb
 
     # Smallest outputs first (level1/9's 4 GB took 170 s): the budget goes to many problems first.
     chosen.sort(key=output_gb)

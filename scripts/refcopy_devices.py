@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import threading
 import time
@@ -25,25 +24,16 @@ from kb_gym import Evaluator
 from kb_gym.device_timeline import overlap_report, timelines
 from kb_gym.evaluator import resolve_devices
 from kb_gym.problems import load_problems, reference_as_candidate
+from kb_gym.problems.eager_trace import output_gb
 
 SPEEDUP_BAND = (0.98, 1.02)
 BASELINE_AGREEMENT = 0.02
 
 
-def _output_gb(problem) -> float:
-    """From the meta-tensor trace; a problem it cannot trace counts as small."""
-    from kb_gym.problems.eager_trace import estimate
-
-    try:
-        return sum(math.prod(s) * 4 for s in estimate(problem).output_shapes) / 1e9
-    except Exception:  # noqa: BLE001 (any failure of the trace only orders the problem first)
-        return 0.0
-
-
 def choose(dataset: str, size: str, count: int) -> list:
     problems = [p for level in (1, 2) for p in load_problems(dataset, level=level, size=size)]
     chosen = problems[::max(1, len(problems) // count)][:count]
-    return sorted(chosen, key=_output_gb)
+    return sorted(chosen, key=output_gb)
 
 
 def run(devices: list[str], problems: list, out: Path) -> list[dict]:

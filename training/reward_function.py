@@ -132,15 +132,15 @@ class KernelRewardFunction:
             raise ValueError(f"{len(completions)} completions but {len(problem_key)} problem keys")
         # Submit the whole batch before waiting on any of it: the workers of every device share it.
         started = time.perf_counter()
-        submitter = self.evaluator
-        if self.config.dedup == "batch" and not isinstance(submitter, DedupEvaluator):
-            submitter = DedupEvaluator(submitter)  # this call's copies share one evaluation
+        dedup = self.evaluator if isinstance(self.evaluator, DedupEvaluator) else (
+            DedupEvaluator(self.evaluator) if self.config.dedup == "batch" else None)  # batch: this call's copies
+        submitter = dedup or self.evaluator
         futures: list[Future | str] = []
         copies: list[bool] = []  # the verdict of an identical program evaluated before
         for key, c in zip(problem_key, completions, strict=True):
-            hits = getattr(submitter, "hits", 0)
+            hits = dedup.hits if dedup else 0
             futures.append(submitter.submit(self.problems[key], completion_text(c)) if key in self.problems else key)
-            copies.append(getattr(submitter, "hits", 0) != hits)
+            copies.append(dedup is not None and dedup.hits != hits)
         pending = [f for f in futures if isinstance(f, Future)]
         # A bar while a batch of kernels is evaluated (minutes at GPU size); off where stderr is not a terminal.
         for _ in tqdm(as_completed(pending), total=len(pending), desc="evaluating kernels", leave=False, disable=None):

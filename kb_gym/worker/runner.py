@@ -306,11 +306,12 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     Entered from main() (a fresh interpreter) or from a zygote's forked child (zygote.py)."""
     started = time.perf_counter()
     phases: dict[str, float] = {}  # where a runner's start-up goes (the judge waits for it before timing)
-    last = [started]
+    last = started
 
     def phase(name: str) -> None:
+        nonlocal last
         now = time.perf_counter()
-        phases[name], last[0] = round(now - last[0], 4), now
+        phases[name], last = round(now - last, 4), now
 
     proto_in, proto_out = take_protocol_fds()
     set_limits(file_bytes=1 << 30)
