@@ -141,8 +141,9 @@ def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(
     r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
     assert r.status == "correct", (r.status, r.error)
     envelope = r.correctness["envelope"]
-    # honest: ~4.4 ms of overhead (6.2 once on a slow clean-clone run), 2 ms tolerance; poisoned: 8.6-22 and 7-20
-    assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 8.0, envelope
+    # honest: ~4.4 ms of overhead (6.2 and 8.6 seen on loaded 2-core CI runs), 2-3 ms tolerance; poisoned:
+    # 8.6-22 and 7-20. The tolerance separates the two under load; the overhead bound only catches gross poison.
+    assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 12.0, envelope
 
 
 # --- 2. memory in System V segments that no process has attached ---------------------------------------------
