@@ -14,6 +14,8 @@ FLAG_NOTES = {
                         "forward; plain PyTorch earns no speed credit",
     "input_mutation": "forward modified its input tensors in place; do not write to inputs",
     "side_stream": "work ran on another stream after forward returned; timing used the host clock",
+    "launch_bound": "called back to back, your forward cost its host time (Python and kernel launches), more than "
+                    "the GPU time of its kernels, so it was charged that: launch fewer kernels or do less in Python",
     "tampering": "the code replaced functions of the evaluation harness",
     "timing_mismatch": "outputs produced while timing differed from the reference",
     "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes this problem's "

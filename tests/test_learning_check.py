@@ -143,7 +143,7 @@ def test_dedup_evaluates_each_program_once():
 def _tiny(tmp_path, **changes) -> LearningCheckConfig:
     fields = dict(out=str(tmp_path / "run"), model_size="tiny", vocab_size=400, size="cpu", eval_devices="cpu",
                   train_limit=2, test_limit=2, per_problem=4, sft_epochs=1, sft_batch_size=4, max_length=2048,
-                  samples=2, max_new_tokens=12, gen_batch_size=4, grpo_steps=1, grpo_batch_size=2, num_generations=2,
+                  samples=2, train_samples=2, max_new_tokens=12, gen_batch_size=4, grpo_steps=1, grpo_batch_size=2, num_generations=2,
                   max_completion_length=8, eval_config={"trials": 1, "timing": False}, max_minutes=5)
     return LearningCheckConfig(**{**fields, **changes})
 
@@ -185,13 +185,14 @@ def test_the_eval_phase_stops_at_its_deadline_carries_on_and_evaluates_each_prog
 
 
 def test_every_phase_end_to_end_resumes_and_reports(tmp_path, capsys):
-    """corpus, sft, eval-before, grpo (one step against the CPU evaluator), eval-after, report; then the same
-    command again skips every phase; other options on the same folder are refused."""
+    """corpus, sft, eval-before and -train, grpo (one step against the CPU evaluator), eval-after and -train,
+    report; then the same command again skips every phase; other options on the same folder are refused."""
     cfg = _tiny(tmp_path)
     layout = Layout(cfg.out)
     results = run(cfg, parse_phases("all"))
-    assert [r.phase for r in results] == ["corpus", "sft", "eval-before", "grpo", "eval-after", "report"]
-    assert [r.status for r in results] == ["done"] * 6, capsys.readouterr().out
+    assert [r.phase for r in results] == ["corpus", "sft", "eval-before", "eval-before-train", "grpo", "eval-after",
+                                          "eval-after-train", "report"]
+    assert [r.status for r in results] == ["done"] * 8, capsys.readouterr().out
 
     corpus = read_jsonl(layout.corpus_file)
     assert len(corpus) == 2 * 4 and {r["kind"] for r in corpus} <= {"correct", "slow", "broken"}
@@ -203,11 +204,16 @@ def test_every_phase_end_to_end_resumes_and_reports(tmp_path, capsys):
     losses = [r["loss"] for r in read_jsonl(layout.sft / "log.jsonl")]
     assert losses and all(math.isfinite(x) for x in losses)
 
-    for which in ("eval_before", "eval_after"):
+    splits = {"test": {p.key for p in load_problems("builtin", size="cpu", split="test")[:2]},
+              "train": {p.key for p in load_problems("builtin", size="cpu", split="train")[:2]}}
+    for which, split in (("eval_before", "test"), ("eval_after", "test"), ("eval_before_train", "train"),
+                         ("eval_after_train", "train")):
         rows = read_jsonl(layout.root / which / "results.jsonl")
         assert len(rows) == 2 * 2 and len(read_jsonl(layout.root / which / "completions.jsonl")) == 4
+        assert {r["problem_key"] for r in rows} == splits[split], which  # each split's own problems
         assert (layout.root / which / "summary.json").exists()
-    assert {r["model"] for r in read_jsonl(layout.eval_after / "results.jsonl")} == {str(layout.grpo_trainer)}
+    for which in ("eval_after", "eval_after_train"):
+        assert {r["model"] for r in read_jsonl(layout.root / which / "results.jsonl")} == {str(layout.grpo_trainer)}
 
     steps = read_jsonl(layout.grpo_steps)
     assert [s["step"] for s in steps] == [1] and (layout.grpo_trainer / "config.json").exists()
@@ -229,16 +235,22 @@ def test_every_phase_end_to_end_resumes_and_reports(tmp_path, capsys):
         lo, hi = m["mean_reward"]["bootstrap"]
         assert lo <= m["mean_reward"]["value"] <= hi
     assert set(report["difference"]) == {"fast_0", "fast_1", "credited", "mean_reward"}
+    train = report["train"]
+    assert set(train["difference"]) == set(report["difference"]) and train["before"]["split"] == "train"
+    assert train["before"]["metrics"]["samples"] == train["after"]["metrics"]["samples"] == 4
     assert (layout.report / "learning_check.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| fast_1 | before |" in (layout.report / "report.md").read_text()
+    md = (layout.report / "report.md").read_text()
+    assert "| fast_1 | before |" in md and "## Held-out problems" in md and "## In distribution" in md
 
     before = {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.jsonl")}
     again = run(cfg, parse_phases("all"))
-    assert [r.status for r in again] == ["skipped"] * 6
+    assert [r.status for r in again] == ["skipped"] * 8
     assert {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.jsonl")} == before  # nothing redone
     capsys.readouterr()
     assert main(["--out", cfg.out, "--model-size", "small", "--phase", "report"]) == 2
     assert "model_size" in capsys.readouterr().err
+    off = run(_tiny(tmp_path, out=str(tmp_path / "off"), train_samples=0), ["eval-before-train"])
+    assert [r.status for r in off] == ["not used"]
 
 
 def test_bad_options_are_one_line_and_exit_code_2(tmp_path, capsys):

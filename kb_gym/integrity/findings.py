@@ -25,6 +25,7 @@ STATIC_FLAGS = frozenset({
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
     "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic", "ill_conditioned",
+    "launch_bound",
 })
 ALWAYS_FAIL = frozenset({"tampering", "timing_mismatch"})
 
@@ -51,6 +52,7 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "no_custom_kernel": "no kernel of the candidate's own ran in forward",
     "input_mutation": "forward wrote to its inputs",
     "side_stream": "work ran on another stream after forward returned",
+    "launch_bound": "back to back, forward cost its host (launch) time, more than its GPU time; it was charged that",
     "tampering": "the harness's functions were replaced while running",
     "timing_mismatch": "outputs produced while timing differed from the reference",
     "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes the tolerance; "

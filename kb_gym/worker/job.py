@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import build_cache, pch
+from kb_gym.worker import build_cache, burst, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, run_trials
@@ -32,7 +32,7 @@ from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, tr
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_pool import RunnerPool
 from kb_gym.worker.spot_check import CHUNKS_PER_CALL, SampledOutputs, chunk_size, reference_pieces
-from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, time_pair
+from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, reference_outputs, time_pair
 
 CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
@@ -54,7 +54,9 @@ class WorkerContext:
         self.compiled_baselines: dict[str, Any] = {}
         # (problem code, numerics) -> (time.monotonic() measured, Calibration): one spare calibration serves
         # every candidate of a problem for CALIBRATION_TTL_S (an RL batch meets each problem many times)
-        self.calibrations: dict[tuple[str, str, bool], tuple[float, Calibration]] = {}
+        self.calibrations: dict[tuple[str, str, bool, int], tuple[float, Calibration]] = {}
+        # ... and of a K-forward burst (burst.py), keyed by K too
+        self.burst_calibrations: dict[tuple[str, str, bool, int], tuple[float, burst.BurstCalibration]] = {}
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
@@ -423,6 +425,10 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             _second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
             if timing.hidden_work():
                 timing = _retime(timing, timed_loop, deadline)
+        if runner is not None and _burst_wanted(cfg, ctx.device):
+            burst.confirm(runner, timing, lambda k: _burst_calibration(ctx, job, runner, deadline, k, call_timeout),
+                          lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner), check,
+                          int(state.get("ref_out_bytes", 0)), ctx.device.type, call_timeout)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
@@ -431,6 +437,42 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
                          restart=sticky_cuda_error(ctx.device)) from None
     _timing_verdict(timing, cached, result, state)
+
+
+def _burst_wanted(cfg: dict[str, Any], device: torch.device) -> bool:
+    mode = cfg.get("burst_check", "auto")
+    return mode == "on" or (mode == "auto" and device.type == "cpu")
+
+
+def _burst_calibration(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float, forwards: int,
+                       timeout: Callable[[], float]) -> burst.BurstCalibration | None:
+    """The harness's share of a ``forwards``-burst, read on the pristine spare with the candidate's tree stopped,
+    as the per-call calibration is (_calibration); reused for the same problem and burst for CALIBRATION_TTL_S.
+    None where no spare could read it: the burst then charges nothing."""
+    cfg = job["config"]
+    tf32 = bool(cfg.get("tf32", False))
+    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, forwards)
+    kept = ctx.burst_calibrations.get(key)
+    if kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
+        return kept[1]
+    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
+    if spare is None:
+        return None
+    try:
+        spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], tf32, timeout=timeout(),
+                      reference_model=True)
+    except StageError:
+        ctx.pool.discard_spare()
+        return None
+    with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
+        try:
+            calibration = burst.calibrate(spare, forwards, timeout)
+        except StageError:
+            ctx.pool.discard_spare()
+            return None
+    if calibration is not None:
+        ctx.burst_calibrations[key] = (time.monotonic(), calibration)
+    return calibration
 
 
 def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
@@ -494,6 +536,10 @@ def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result:
         result.setdefault("correctness", {})["envelope"] = envelope
         if envelope["counted"] and "side_stream" not in result["flags"]:
             result["flags"].append("side_stream")
+        charged = envelope.get("burst") or {}
+        flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
+        if charged.get("counted") and flag not in result["flags"]:
+            result["flags"].append(flag)
     if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.launches == 0:
         result["flags"].append("fallback")  # its own kernels in the trials, none while timed
     floor = state.get("floor_ms")

@@ -112,6 +112,7 @@ class Runner:
         self.candidate_file = ""
         self.forward_checked = False
         self.held: list[Any] = []  # a sampled call's outputs, until the judge has asked for its chunks
+        self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
 
     def handle(self, msg: dict[str, Any]) -> None:
@@ -126,6 +127,10 @@ class Runner:
             self._call(msg, timed=kind == "timed")
         elif kind == "chunks":
             self._send_chunks(msg)
+        elif kind == "burst":
+            self._burst(msg)
+        elif kind == "burst_outputs":
+            self._send_burst_outputs(msg)
         else:
             self.send({"type": "error", "status": "crash", "error": f"unknown command {kind!r}"})
 
@@ -261,6 +266,67 @@ class Runner:
             self.send({"type": "error", "status": "crash", "error": f"bad chunk request: {exc}"})
             return
         self.send_tensors({"type": "chunk_bytes", "outputs": describe(pieces)}, pieces)
+
+    def _burst(self, msg: dict[str, Any]) -> None:
+        """Forwards back to back on fresh inputs, one per seed (built inside the judge's clock, as a timed call's
+        are), no cache flush or launch shield between them; each output kept and committed before "done". The
+        judge's clock around the whole burst bounds what the forwards truly cost (worker/burst.py); the event
+        times reported here are believed only from a pristine runner calibrating the burst on the reference."""
+        model = self.ref_model if msg.get("target") == "reference" else self.model
+        self.burst_held = []
+        if model is None:
+            self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
+            return
+        on_device = msg.get("digest") == "device" and device_digest.applies_to(self.device)
+        nonce, cuda = int(msg.get("nonce", 0)), self.device.type == "cuda"
+        events: list[Any] = []
+        commitments, held, structure = [], [], "tensor"
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.no_grad():
+                for k, seed in enumerate(msg.get("seeds") or []):
+                    inputs = make_inputs(self.ref_mod, int(seed), self.device, self.dtype)
+                    if cuda:
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        out = model(*inputs)
+                        end.record()
+                        events.append((start, end))
+                    else:
+                        t0 = time.perf_counter()
+                        out = model(*inputs)
+                        events.append((time.perf_counter() - t0) * 1e3)
+                    structure, flat = flatten_plain(out)
+                    describe(flat)  # a dtype that cannot be compared fails here, as in a call
+                    if not on_device:
+                        flat = [on_host(t) for t in flat]
+                    commitments.append(commitment(flat, nonce + k, on_device))
+                    held.append(flat)
+                    del inputs, out
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                events = [start.elapsed_time(end) for start, end in events]
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
+            self._send_exception(exc)
+            return
+        finally:
+            if collecting:
+                gc.enable()
+        self.burst_held = held
+        self.send({"type": "burst_done", "event_ms": events, "commitments": commitments, "structure": structure,
+                   "outputs": describe(held[0]) if held else []})
+
+    def _send_burst_outputs(self, msg: dict[str, Any]) -> None:
+        """The outputs of the burst's forwards the judge drew after its "done", in its order."""
+        held, self.burst_held = self.burst_held, []
+        try:
+            flat = [t for k in msg.get("want") or [] for t in held[int(k)]]
+            meta = describe(flat)
+        except (IndexError, TypeError, ValueError) as exc:
+            self.send({"type": "error", "status": "crash", "error": f"bad burst request: {exc}"})
+            return
+        self.send_tensors({"type": "burst_outputs", "outputs": meta}, flat)
 
     def _send_exception(self, exc: BaseException) -> None:
         msg = trim_traceback(exc, self.candidate_file)

@@ -76,6 +76,19 @@ class CallReply:
     numerics_changed: bool = False
 
 
+@dataclass
+class BurstReply:
+    """What a runner said about a burst of forwards (``RunnerProcess.burst``), with the judge's clock around it."""
+
+    seeds: list[int]
+    envelope_ms: float  # the judge's clock: from sending the seeds to the runner's "burst_done"
+    event_ms: list[float | None]  # per forward, as the runner reports it: believed from a pristine runner only
+    commitments: list[Any]
+    nonce: int
+    structure: str
+    meta: list[dict[str, Any]]  # one forward's outputs, described
+
+
 # What a runner owes after "done" (drawn chunks, the payload's bytes) is the judge's protocol, not the
 # candidate's time, so it may take longer than the stage has left; but only as long as moving the bytes can
 # take at a pessimistic rate: a runner that stalls there holds its judge seconds, not a minute per call.
@@ -337,6 +350,62 @@ class RunnerProcess:
         del data, into
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
         return self._reply(msg, envelope, outputs)
+
+    def burst(self, seeds: list[int], *, timeout: float, target: str = "candidate") -> BurstReply:
+        """Forwards back to back, one per seed (runner.Runner._burst), under the judge's clock; the outputs stay
+        in the runner, committed, until ``burst_outputs`` draws some."""
+        nonce = int.from_bytes(os.urandom(7), "little")
+        t0 = time.perf_counter()
+        self._send({"type": "burst", "seeds": list(seeds), "target": target, "nonce": nonce,
+                    "digest": "device" if self.device_digest else "host"})
+        msg = self._read(timeout)
+        envelope = (time.perf_counter() - t0) * 1e3
+        if msg.get("type") == "error":
+            raise StageError("runtime_error", str(msg.get("error", ""))[:20000], restart=bool(msg.get("sticky")))
+        if msg.get("type") != "burst_done":
+            raise self._unexpected(msg, "burst_done")
+        events, commitments = msg.get("event_ms"), msg.get("commitments")
+        if (not isinstance(events, list) or not isinstance(commitments, list) or len(events) != len(seeds)
+                or len(commitments) != len(seeds) or not isinstance(msg.get("outputs"), list)):
+            raise StageError("incorrect", "the runner's burst reply is malformed", flags=("tampering",))
+        return BurstReply(seeds=list(seeds), envelope_ms=envelope, event_ms=[_finite_ms(e) for e in events],
+                          commitments=commitments, nonce=nonce, structure=str(msg.get("structure")),
+                          meta=msg["outputs"])
+
+    def burst_outputs(self, reply: BurstReply, want: list[int], timeout: float) -> list[Any]:
+        """The outputs of the burst's forwards ``want`` (drawn by the judge after its "done"), each checked
+        against the commitment "done" carried: a forward computed only now would not match it."""
+        per = len(reply.meta)
+        try:
+            nbytes = expected_nbytes(reply.meta * len(want), 1 << 40)
+        except WireError as exc:
+            raise StageError("incorrect", f"the candidate's burst outputs could not be read: {exc}") from None
+        self._send({"type": "burst_outputs", "want": want})
+        head = self._read(transfer_wait(nbytes, timeout))
+        if head.get("type") == "error":
+            raise StageError("incorrect", "the runner did not send the burst outputs asked for: "
+                             + str(head.get("error", ""))[:2000], flags=("tampering",))
+        if head.get("type") != "burst_outputs":
+            raise self._unexpected(head, "burst_outputs")
+        try:
+            if head.get("outputs") != reply.meta * len(want):
+                raise WireError("the burst outputs sent are not the shapes its forwards reported")
+            data, into = self._payload(head, nbytes, timeout, reuse=False)
+            tensors = decode(head["outputs"], data, self.torch_device)
+        except WireError as exc:
+            raise StageError("incorrect", f"the candidate's burst outputs could not be read: {exc}") from None
+        except ProtocolError as exc:
+            raise self._died(str(exc)) from None
+        del data, into
+        outputs = []
+        for i, k in enumerate(want):
+            flat = tensors[i * per:(i + 1) * per]
+            if commitment(flat, reply.nonce + k, self.device_digest) != reply.commitments[k]:
+                raise StageError("incorrect", "an output of the burst is not the one the runner had committed to "
+                                 "when it reported the burst done: its time did not cover computing it",
+                                 flags=("tampering",))
+            outputs.append(flat[0] if reply.structure == "tensor" and per == 1 else tuple(flat))
+        return outputs
 
     @staticmethod
     def _reply(msg: dict[str, Any], envelope: float, outputs: Any) -> CallReply:

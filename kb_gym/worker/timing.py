@@ -79,6 +79,7 @@ class PairedTiming:
     launches: int = 0
     second_calibration: bool = False  # an excess over the tolerance was measured again: see job._second_opinion
     retimed: bool = False  # ... and the whole loop timed again, the run with the smaller excess kept: job._retime
+    burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -102,6 +103,12 @@ class PairedTiming:
         """The candidate's envelope shows work its events did not cover (counted only when calibrated)."""
         return self.calibration is not None and bool(self.cand.event_ms) and self.excess_ms() > self.tolerance_ms()
 
+    def charged_ms(self) -> list[float]:
+        """The candidate's time per timed call: its events, plus the envelope's excess where that was counted,
+        plus the burst's charge where the burst showed its forwards cost more than it claimed."""
+        extra = (self.excess_ms() if self.hidden_work() else 0.0) + (self.burst.charged_ms if self.burst else 0.0)
+        return [c + extra for c in self.cand.event_ms]
+
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
         """Medians and intervals; ``cached_ref`` (median, low, high) stands in for an untimed baseline."""
         ref_med, ref_lo, ref_hi = cached_ref or median_ci(self.ref.event_ms)
@@ -113,7 +120,7 @@ class PairedTiming:
         excess, tolerance = self.excess_ms(), self.tolerance_ms()
         cal = self.calibration or Calibration(0.0, 0.0)
         hidden = self.hidden_work()
-        cand = [c + excess for c in self.cand.event_ms] if hidden else list(self.cand.event_ms)
+        cand = self.charged_ms()
         med, lo, hi = median_ci(cand)
         if cached_ref is None:
             ratios = [r / c for r, c in zip(self.ref.event_ms, cand, strict=False) if c > 0]
@@ -126,7 +133,8 @@ class PairedTiming:
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
                              "calibrated": self.calibration is not None, "counted": hidden,
-                             "second_calibration": self.second_calibration, "retimed": self.retimed})
+                             "second_calibration": self.second_calibration, "retimed": self.retimed,
+                             "burst": self.burst.to_dict() if self.burst else None})
         return out
 
 
@@ -143,7 +151,7 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
     return out
 
 
-def _reference_outputs(ref_model: Any, ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
+def reference_outputs(ref_model: Any, ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
                        runner: RunnerProcess) -> Any:
     """The reference's outputs for checking a candidate timed against a cached baseline: computed with the
     runner frozen and finished on the GPU before the candidate's call starts. Left queued, they ran inside
@@ -226,7 +234,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
                     with runner.frozen() if runner is not None else contextlib.nullcontext():
                         outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref)
                 elif runner is not None:  # a cached baseline: its outputs still check the candidate's
-                    outs[0] = _reference_outputs(ref_model, ref_mod, seed, device, dtype, runner)
+                    outs[0] = reference_outputs(ref_model, ref_mod, seed, device, dtype, runner)
             elif runner is not None:
                 outs[1] = candidate(seed, cand).outputs
         timing.reps += 1

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PHASES = ("corpus", "sft", "eval-before", "grpo", "eval-after", "report")
+PHASES = ("corpus", "sft", "eval-before", "eval-before-train", "grpo", "eval-after", "eval-after-train", "report")
+# the two evaluations of each side: the held-out test split, and fresh samples on the train split GRPO trained on
+EVAL_PHASES = {"eval-before": ("before", "test"), "eval-before-train": ("before", "train"),
+               "eval-after": ("after", "test"), "eval-after-train": ("after", "train")}
 DEFAULT_OUT = "runs/learning_check"
 
 
@@ -56,6 +59,8 @@ class LearningCheckConfig:
     max_length: int = 4096
     # before/after evaluation
     samples: int = 10
+    # answers per train problem in the in-distribution evaluation (0: no eval-*-train phases)
+    train_samples: int = 4
     temperature: float = 1.0
     max_new_tokens: int = 1536
     gen_batch_size: int = 128
@@ -110,11 +115,14 @@ class Layout:
         self.grpo_trainer = self.grpo / "trainer"
         self.grpo_steps = self.grpo / "steps.jsonl"
         self.eval_after = self.root / "eval_after"
+        self.eval_before_train = self.root / "eval_before_train"
+        self.eval_after_train = self.root / "eval_after_train"
         self.report = self.root / "report"
 
     def phase_dir(self, phase: str) -> Path:
-        return {"corpus": self.corpus, "sft": self.sft, "eval-before": self.eval_before, "grpo": self.grpo,
-                "eval-after": self.eval_after, "report": self.report}[phase]
+        return {"corpus": self.corpus, "sft": self.sft, "eval-before": self.eval_before,
+                "eval-before-train": self.eval_before_train, "grpo": self.grpo, "eval-after": self.eval_after,
+                "eval-after-train": self.eval_after_train, "report": self.report}[phase]
 
     def done_file(self, phase: str) -> Path:
         return self.phase_dir(phase) / "done.json"

@@ -1,5 +1,6 @@
-"""The learning check's before/after evaluation: ``samples`` answers per held-out problem, generated and then
-evaluated, in ``evaluate-model``'s files and format, inside this call's time budget.
+"""The learning check's before/after evaluations: ``samples`` answers per held-out (test) problem and, for the
+in-distribution reading, ``train_samples`` fresh answers per train problem (the problems GRPO trained on), generated
+and then evaluated, in ``evaluate-model``'s files and format, inside this call's time budget.
 
 Why not one ``evaluate_model`` call: it cannot stop part-way through its evaluations, and a GPU-size batch of
 hundreds of answers takes longer than one 10-minute call. So this phase generates batch by batch and evaluates
@@ -218,7 +219,8 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
     r = m["mean_reward"]
     return [("model", summary["model"]),
-            ("samples", f"{m['samples']} ({m['problems']} problems x {summary['samples_per_problem']})"),
+            ("samples", f"{m['samples']} ({m['problems']} {summary.get('split', 'test')} problems x "
+                        f"{summary['samples_per_problem']})"),
             ("fast_0", rate("fast_0")), ("fast_1", rate("fast_1")), ("credited", rate("credited")),
             ("mean reward", f"{fmt(r['value'])} (bootstrap [{fmt(r['bootstrap'][0])}, {fmt(r['bootstrap'][1])}], "
                             f"problems [{fmt(r['problem_bootstrap'][0])}, {fmt(r['problem_bootstrap'][1])}])"),
@@ -228,13 +230,17 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def run_eval(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline, which: str, problems: Sequence[Problem],
-             *, generate: GenerateFn | None = None, evaluator: Any = None) -> PhaseResult:
-    """Evaluate the policy ``which`` (``"before"`` or ``"after"`` GRPO) on ``problems``, ``cfg.samples`` answers
-    each; resumable, and stopped cleanly by ``deadline``. ``generate`` replaces the model (tests; an API model)."""
+             *, split: str = "test", generate: GenerateFn | None = None, evaluator: Any = None) -> PhaseResult:
+    """Evaluate the policy ``which`` (``"before"`` or ``"after"`` GRPO) on ``problems`` of ``split`` (``"test"``:
+    ``cfg.samples`` answers each; ``"train"``: ``cfg.train_samples``); resumable, and stopped cleanly by
+    ``deadline``. ``generate`` replaces the model (tests; an API model)."""
     from kb_gym.rewards import get_reward
     from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
 
-    phase = f"eval-{which}"
+    if split not in ("test", "train"):
+        raise ValueError(f"split must be 'test' or 'train', not {split!r}")
+    phase = f"eval-{which}" + ("-train" if split == "train" else "")
+    samples = cfg.samples if split == "test" else cfg.train_samples
     started = time.monotonic()
     out = layout.phase_dir(phase)
     done = read_json(layout.done_file(phase))
@@ -244,7 +250,7 @@ def run_eval(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline, which
     if generate is None and (which == "after" or cfg.uses_sft) and not Path(model).exists():
         raise RuntimeError(f"no model at {model}: run the phase before {phase} first")
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(p, k) for p in problems for k in range(cfg.samples)]
+    jobs = [(p, k) for p in problems for k in range(samples)]
     completions, results = out / "completions.jsonl", out / "results.jsonl"
     answers = {(r["problem_key"], int(r.get("sample", 0))): r["completion"] for r in _rows_of(completions, model)}
     generated, gen_seconds = _generate_missing(jobs, answers, model, cfg, completions, deadline, generate)
@@ -262,7 +268,7 @@ def run_eval(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline, which
                                               ("evaluated", f"{n_done} of {len(jobs)}"),
                                               ("next", "run the same command again: it carries on from here")],
                            time.monotonic() - started)
-    mcfg = ModelEvalConfig(model=model, dataset=list(problems), samples=cfg.samples, temperature=cfg.temperature,
+    mcfg = ModelEvalConfig(model=model, dataset=list(problems), samples=samples, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, one_shot=cfg.one_shot,
                            eval_devices=cfg.eval_devices, eval_config=eval_config_fields(cfg), out_dir=str(out))
 
@@ -272,7 +278,7 @@ def run_eval(cfg: LearningCheckConfig, layout: Layout, deadline: Deadline, which
     evaluate_model(mcfg, generate=nothing_left)  # summary.json, summary.csv, per_problem.csv, fast_p.png
     reward = get_reward(cfg.reward)
     rows = _rows_of(results, model)
-    summary = {"model": model, "samples_per_problem": cfg.samples, "temperature": cfg.temperature,
+    summary = {"model": model, "split": split, "samples_per_problem": samples, "temperature": cfg.temperature,
                "eval_config": eval_config_fields(cfg), "evaluations": progress["evaluations"],
                "duplicates": progress["duplicates"], "generation_seconds": progress["generation_seconds"],
                "evaluation_seconds": progress["evaluation_seconds"],

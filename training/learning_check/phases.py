@@ -1,17 +1,19 @@
-"""The learning check (issue 14): does GRPO against our real evaluator make a policy better on problems it
-never trained on?
+"""The learning check (issue 14): does GRPO against our real evaluator make a policy better, on the problems it
+trained on and on problems it never saw?
 
 A small causal LM built from a config (no pretrained weights: the GPU machine has no internet) is supervised on
 a corpus of correct, slow and broken answers to the train split of our GPU-size problems, evaluated on the test
-split (``samples`` answers per problem), trained with GRPO and the default reward against the evaluator on the
-train split, and evaluated again. ``--model NAME_OR_PATH`` runs the same evaluation / GRPO / evaluation on a
-pretrained model instead (a Qwen2.5-Coder checkpoint, for users with internet); ``--sft-pretrained`` also
-supervises it on the corpus first.
+split (``samples`` answers per problem) and on the train split (``train_samples`` fresh answers per problem: the
+in-distribution reading, where a small model can answer at all), trained with GRPO and the default reward against
+the evaluator on the train split, and evaluated again on both. ``--model NAME_OR_PATH`` runs the same
+evaluations and GRPO on a pretrained model instead (a Qwen2.5-Coder checkpoint, for users with internet);
+``--sft-pretrained`` also supervises it on the corpus first.
 
 Phases, each in its own folder under ``--out`` and each resumable: ``corpus`` (answers and, for our own model,
-the tokenizer), ``sft``, ``eval-before``, ``grpo``, ``eval-after``, ``report``. ``--max-minutes`` is this call's
-budget: a phase that cannot finish stops cleanly with its work on disk, and the same command carries on from
-there. Exit code 0: every asked-for phase is finished; 3: stopped by the budget (run it again); 2: bad options.
+the tokenizer), ``sft``, ``eval-before``, ``eval-before-train``, ``grpo``, ``eval-after``, ``eval-after-train``,
+``report``. ``--max-minutes`` is this call's budget: a phase that cannot finish stops cleanly with its work on
+disk, and the same command carries on from there. Exit code 0: every asked-for phase is finished; 3: stopped by
+the budget (run it again); 2: bad options.
 
     python scripts/learning_check.py --phase all --max-minutes 8.5      # again until it says "all phases done"
 """
@@ -32,6 +34,7 @@ from kb_gym.config import parse_key_values
 from kb_gym.problems import Problem, load_problems
 from kb_gym.training.learning_check.common import (
     DEFAULT_OUT,
+    EVAL_PHASES,
     PHASES,
     Deadline,
     Layout,
@@ -116,10 +119,13 @@ def run_phase(phase: str, cfg: LearningCheckConfig, layout: Layout, deadline: De
         from kb_gym.training.learning_check.sft import run_sft
 
         return run_sft(cfg, layout, deadline)
-    if phase in ("eval-before", "eval-after"):
+    if phase in EVAL_PHASES:
         from kb_gym.training.learning_check.eval import run_eval
 
-        return run_eval(cfg, layout, deadline, phase.removeprefix("eval-"), split_problems(cfg, "test"))
+        which, split = EVAL_PHASES[phase]
+        if split == "train" and cfg.train_samples <= 0:
+            return PhaseResult(phase, "not used", [("why", "--train-samples 0")])
+        return run_eval(cfg, layout, deadline, which, split_problems(cfg, split), split=split)
     if phase == "grpo":
         from kb_gym.training.learning_check.grpo import run_grpo
 
@@ -193,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-length", type=int, default=d.max_length, help="longest supervised example, tokens")
     g = p.add_argument_group("before/after evaluation")
     g.add_argument("--samples", type=int, default=d.samples, help="answers per test problem")
+    g.add_argument("--train-samples", type=int, default=d.train_samples,
+                   help="fresh answers per train problem, for the in-distribution reading (0: skip it)")
     g.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (GRPO's too)")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     g.add_argument("--gen-batch-size", type=int, default=d.gen_batch_size, help="prompts per generate call")
