@@ -28,7 +28,6 @@ from kb_gym.problems import reference_as_candidate
 from kb_gym.worker import payload
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-ON_CPU = DEVICE == "cpu"
 
 FIND_RUNNER = '''
 import gc, os, sys, time
@@ -89,11 +88,12 @@ class ModelNew(nn.Module):
 '''
 
 
-# The same hole on a GPU (floor 0.3 ms, eager GELU here ~0.01 ms): expected through there too, not yet run.
-@pytest.mark.xfail(strict=ON_CPU, reason="round 4: gets through: a reported event time is believed whenever "
-                   "the envelope's excess is under its floor (timing.PairedTiming.hidden_work), 56x for eager GELU")
+# Stopped since session 16 by the burst check (kb_gym/worker/burst.py): after the timing loop, K forwards back to
+# back under the judge's clock; the false 1 us claim is charged what the burst shows (CPU: 0.2 ms, speedup ~0.85x,
+# side_stream). burst_check="on": the check is on by default on the CPU only until it is measured on a GPU, where
+# this test (KB_GYM_ADVERSARIAL_DEVICE=cuda:0) exercises it.
 def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
-    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict"))
+    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict", burst_check="on"))
     honest_after(ev, TIMED)
     assert r.status == "correct", (r.status, r.error)  # its outputs are right: only its time is a lie
     assert r.speedup < 1.5 or not r.speed_credit or "side_stream" in r.flags, (

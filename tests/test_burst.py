@@ -1,0 +1,124 @@
+"""The burst check (kb_gym/worker/burst.py): how many forwards it asks for, how it reads the judge's clock, and on
+the CPU end to end: honest candidates are not charged, a runner that reports false times is, and a runner that
+leaves forwards of the burst undone is caught by the outputs drawn after it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator
+from kb_gym.problems import get_problem, load_problems, reference_as_candidate
+from kb_gym.worker import burst
+from kb_gym.worker.burst import BurstCalibration, burst_size, read_burst
+
+CPU_TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,
+                       load_timeout=60, correctness_timeout=30, timing_timeout=60, burst_check="on")
+
+
+def test_the_burst_is_sized_to_the_claim_within_time_and_memory():
+    # the envelope already resolves a 200 ms claim to 3% (tolerance 3 ms): no burst
+    assert burst_size(200.0, 3.0, 200.0, 1 << 20, "cpu", 60.0) == 0
+    # a 1 ms claim under a 3 ms tolerance wants 100 forwards: 128, a power of two
+    assert burst_size(1.0, 3.0, 1.0, 1 << 20, "cpu", 60.0) == 128
+    # a 1 us claim wants 100,000: the time (0.3 s at 2 ms a forward: 150 -> 128) and memory caps hold it
+    assert burst_size(0.001, 3.0, 2.0, 1 << 20, "cpu", 60.0) == 128
+    assert burst_size(0.001, 3.0, 0.01, 64 << 20, "cpu", 60.0) == 4  # 256 MB of outputs held
+    assert burst_size(0.001, 0.3, 0.001, 1, "cuda", 60.0) == burst.MAX_FORWARDS
+    assert burst_size(0.001, 3.0, 2.0, 1 << 20, "cpu", 1.0) == 0  # no time left in the stage
+    assert burst_size(0.0, 3.0, 2.0, 1, "cpu", 60.0) == 0
+
+
+def test_the_reading_charges_what_the_judges_clock_shows_beyond_the_claim():
+    cal = BurstCalibration(forwards=100, overhead_ms=50.0, spread_ms=0.5)
+    honest = read_burst(50.0 + 100 * 0.2 + 1.0, cal, claimed_ms=0.2, claimed_host_ms=None, loop_tolerance_ms=3.0,
+                        device_kind="cpu")
+    assert not honest.counted and honest.tolerance_ms == 3.0 and honest.forward_ms == pytest.approx(0.21)
+    lie = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.001, claimed_host_ms=None, loop_tolerance_ms=3.0,
+                     device_kind="cpu")
+    assert lie.counted and lie.charged_ms == pytest.approx(0.199) and not lie.launch_bound
+    # a noisy spare widens the tolerance: 3 x its spread, or 2% of the harness's share
+    noisy = read_burst(50.0 + 100 * 0.2, BurstCalibration(100, 50.0, 10.0), 0.001, None, 3.0, "cpu")
+    assert noisy.tolerance_ms == 30.0 and not noisy.counted
+    # on a GPU, a forward whose reported host time covers the burst is launch-bound, not hiding work
+    launch = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.05, claimed_host_ms=0.2, loop_tolerance_ms=0.3,
+                        device_kind="cuda")
+    assert launch.counted and launch.launch_bound and launch.charged_ms == pytest.approx(0.15)
+    hidden = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.05, claimed_host_ms=0.06, loop_tolerance_ms=0.3,
+                        device_kind="cuda")
+    assert hidden.counted and not hidden.launch_bound
+
+
+def test_nothing_is_run_where_no_calibration_or_no_claim_exists():
+    calls = []
+    runner = SimpleNamespace(burst=lambda *a, **k: calls.append("burst"))
+    timing = SimpleNamespace(calibration=None, cand=SimpleNamespace(event_ms=[1.0]), mismatch=None)
+    burst.confirm(runner, timing, lambda k: calls.append("calibrate"), None, None, 0, "cpu", lambda: 60.0)
+    assert calls == []
+
+
+@pytest.fixture(scope="module")
+def ev():
+    with Evaluator("cpu", results_path=False, baseline_cache=False) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def relu():
+    return get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
+
+
+def _burst_of(r):
+    return ((r.correctness or {}).get("envelope") or {}).get("burst")
+
+
+def test_honest_candidates_are_confirmed_not_charged(ev, relu):
+    """A reference copy and the Triton solution (through the interpreter), three times each: each burst ran and
+    charged nothing, and the timed speedup stands."""
+    from kb_gym.training.learning_check.corpus import correct_code
+
+    solution, variant = correct_code(relu)
+    assert variant == "triton_solution"
+    for source in (reference_as_candidate(relu), solution) * 3:
+        r = ev.evaluate(relu, source, config=CPU_TIMED)
+        assert r.status == "correct", (r.status, r.error)
+        b = _burst_of(r)
+        assert b is not None and b["forwards"] >= 2, r.correctness.get("envelope")
+        assert not b["counted"] and "side_stream" not in r.flags and "launch_bound" not in r.flags, b
+
+
+LEFT_UNDONE = '''
+import torch
+import torch.nn as nn
+
+_calls = [0]
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _calls[0] += 1
+        if _calls[0] > 60:  # past the correctness trials and the timed calls: the burst's forwards
+            return torch.zeros_like(x)
+        return torch.relu(x)
+'''
+
+
+def test_forwards_left_undone_in_the_burst_are_found_by_the_draw(ev, relu):
+    r = ev.evaluate(relu, LEFT_UNDONE, config=CPU_TIMED)
+    assert r.status == "incorrect" and "back to back after the timed calls" in (r.error or ""), (r.status, r.error)
+    assert "timing_mismatch" in r.flags
+    honest = ev.evaluate(relu, reference_as_candidate(relu), config=CPU_TIMED)
+    assert honest.status == "correct" and not _burst_of(honest)["counted"]
+
+
+def test_the_burst_is_off_where_asked_and_by_default_on_a_gpu(ev, relu):
+    r = ev.evaluate(relu, reference_as_candidate(relu), config=CPU_TIMED.replace(burst_check="off"))
+    assert r.status == "correct" and _burst_of(r) is None
+    with pytest.raises(ValueError, match="burst_check"):
+        EvalConfig(burst_check="sometimes")
+    from kb_gym.worker.job import _burst_wanted
+
+    assert _burst_wanted({"burst_check": "auto"}, SimpleNamespace(type="cpu"))
+    assert not _burst_wanted({"burst_check": "auto"}, SimpleNamespace(type="cuda"))
+    assert _burst_wanted({"burst_check": "on"}, SimpleNamespace(type="cuda"))
