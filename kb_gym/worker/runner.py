@@ -313,9 +313,12 @@ class Runner:
         finally:
             if collecting:
                 gc.enable()
-        self.burst_held = held
+        meta = describe(held[0]) if held else []
+        # a spare's burst on the reference is never drawn from: it goes on pristine, its memory free
+        self.burst_held = held if msg.get("target") != "reference" else []
+        del held
         self.send({"type": "burst_done", "event_ms": events, "commitments": commitments, "structure": structure,
-                   "outputs": describe(held[0]) if held else []})
+                   "outputs": meta})
 
     def _send_burst_outputs(self, msg: dict[str, Any]) -> None:
         """The outputs of the burst's forwards the judge drew after its "done", in its order."""
