@@ -179,6 +179,9 @@ def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | No
     import os
 
     cases = cases or [c for c in os.environ.get("KB_GYM_FIDELITY_CASES", "").split(",") if c]
+    # KB_GYM_FIDELITY_BURST=on: the burst check (worker/burst.py) on a GPU too, where "auto" leaves it off until
+    # these rows show it charges honest kernels nothing
+    burst = {"burst_check": os.environ["KB_GYM_FIDELITY_BURST"]} if os.environ.get("KB_GYM_FIDELITY_BURST") else {}
     from kb_gym.baseline_cache import BaselineCache
     from kb_gym.config import config_preset
     from kb_gym.evaluator import Evaluator
@@ -193,7 +196,7 @@ def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | No
             bare = _bare(case, device)
             source = (KERNELS / case.kernel).read_text()
             for preset in presets:
-                config = config_preset(preset)
+                config = config_preset(preset, **burst)
                 evals = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
@@ -240,7 +243,10 @@ def format_row(row: dict[str, Any]) -> str:
             f"spread {f(row.get('speedup_spread'), '.3f')} wall {f(row['wall_s'], '.2f')}s "
             f"flags {','.join(row['flags'])} "
             f"envelope {f(env.get('excess_ms'), '.3f')}/{f(env.get('tolerance_ms'), '.3f')} ms "
-            f"digest {row.get('digest', '-')}"
+            f"digest {row.get('digest', '-')} "
+            f"burst {(env.get('burst') or {}).get('forwards', '-')}x "
+            f"{f((env.get('burst') or {}).get('forward_ms'), '.4f')} charged "
+            f"{f((env.get('burst') or {}).get('charged_ms'), '.4f')}"
             + "".join(f" {k} {v:.2f}" for k, v in (row.get("stage_seconds") or {}).items()))
 
 
