@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: ray (the batch through the local backend and the Ray service; see the part), multi and refcopy (two GPUs: the
+#   PART: ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
 #   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
@@ -103,6 +103,11 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # speedups in [0.98, 1.02], baselines within 2% across GPUs, and from the results no two timings on one GPU.
     refcopy) python3 -P scripts/refcopy_devices.py --devices cuda --problems "${REFCOPY_PROBLEMS:-16}" \
                --out "$OUT/refcopy" && kb timeline "$OUT"/refcopy/results-*.jsonl ;;
+    # The multi-GPU issue's training layout (two GPUs): the policy on GPU 0, the Ray service on GPU 1, two trainer
+    # processes sharing it; the step split per rank and the service's timeline (scripts/ranks_share.sh).
+    ranks) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kb_ray_site .carry/ray/*.whl \
+             || return 1
+           PYTHONPATH=$SITE:/tmp/kb_ray_site bash scripts/ranks_share.sh ;;
     *) echo "unknown part $1"; return 2 ;;
   esac
 }
