@@ -54,7 +54,7 @@ def test_nothing_is_run_where_no_calibration_or_no_claim_exists():
     calls = []
     runner = SimpleNamespace(burst=lambda *a, **k: calls.append("burst"))
     timing = SimpleNamespace(calibration=None, cand=SimpleNamespace(event_ms=[1.0]), mismatch=None)
-    burst.confirm(runner, timing, lambda k: calls.append("calibrate"), None, None, 0, "cpu", lambda: 60.0)
+    burst.confirm(runner, timing, lambda k: calls.append("calibrate"), None, None, 0, 1 << 20, "cpu", lambda: 60.0)
     assert calls == []
 
 

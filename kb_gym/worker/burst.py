@@ -154,11 +154,13 @@ def median_of(values: list[float]) -> float:
 
 def confirm(runner: RunnerProcess, timing: Any, calibration_for: Callable[[int], BurstCalibration | None],
             reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], output_bytes: int,
-            device_kind: str, timeout: Callable[[], float]) -> None:
+            byte_limit: int, device_kind: str, timeout: Callable[[], float]) -> None:
     """Run the burst on the candidate after its timing loop (``timing``: timing.PairedTiming) and record what it
     showed in ``timing.burst``, or a drawn output that is wrong in ``timing.mismatch``. ``calibration_for(K)``: the
     spare's reading of a K-forward burst (None: none could be had, and nothing is charged); ``reference(seed)``: the
-    reference's outputs for a seed; ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None."""
+    reference's outputs for a seed; ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None;
+    ``output_bytes``: the reference's outputs' size (what K forwards hold); ``byte_limit``: the most one forward's
+    outputs may announce before the judge reads them."""
     if timing.calibration is None or not timing.cand.event_ms or timing.mismatch:
         return
     claimed = median_of(timing.charged_ms())
@@ -174,7 +176,7 @@ def confirm(runner: RunnerProcess, timing: Any, calibration_for: Callable[[int],
         reply = runner.burst(fresh_seeds(k), timeout=timeout())
         envelopes.append(reply.envelope_ms)
         want = draw(reply)
-        for j, outputs in zip(want, runner.burst_outputs(reply, want, timeout()), strict=True):
+        for j, outputs in zip(want, runner.burst_outputs(reply, want, timeout(), byte_limit), strict=True):
             why = check(outputs, reference(reply.seeds[j]), reply.seeds[j])
             if why:
                 timing.mismatch = f"forward {j + 1} of {k} run back to back after the timed calls: {why}"

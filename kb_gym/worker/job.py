@@ -428,7 +428,8 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         if runner is not None and _burst_wanted(cfg, ctx.device):
             burst.confirm(runner, timing, lambda k: _burst_calibration(ctx, job, runner, deadline, k, call_timeout),
                           lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner), check,
-                          int(state.get("ref_out_bytes", 0)), ctx.device.type, call_timeout)
+                          int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
+                          call_timeout)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message

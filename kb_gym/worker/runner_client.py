@@ -372,12 +372,13 @@ class RunnerProcess:
                           commitments=commitments, nonce=nonce, structure=str(msg.get("structure")),
                           meta=msg["outputs"])
 
-    def burst_outputs(self, reply: BurstReply, want: list[int], timeout: float) -> list[Any]:
+    def burst_outputs(self, reply: BurstReply, want: list[int], timeout: float, byte_limit: int) -> list[Any]:
         """The outputs of the burst's forwards ``want`` (drawn by the judge after its "done"), each checked
-        against the commitment "done" carried: a forward computed only now would not match it."""
+        against the commitment "done" carried: a forward computed only now would not match it. ``byte_limit``
+        bounds one forward's outputs, as for a call."""
         per = len(reply.meta)
         try:
-            nbytes = expected_nbytes(reply.meta * len(want), 1 << 40)
+            nbytes = expected_nbytes(reply.meta, byte_limit) * len(want)
         except WireError as exc:
             raise StageError("incorrect", f"the candidate's burst outputs could not be read: {exc}") from None
         self._send({"type": "burst_outputs", "want": want})
