@@ -141,9 +141,10 @@ def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(
     r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
     assert r.status == "correct", (r.status, r.error)
     envelope = r.correctness["envelope"]
-    # honest: ~4.4 ms of overhead (6.2 and 8.6 seen on loaded 2-core CI runs), 2-3 ms tolerance; poisoned:
-    # 8.6-22 and 7-20. The tolerance separates the two under load; the overhead bound only catches gross poison.
-    assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 12.0, envelope
+    # honest: ~4.4 ms of overhead and 2 ms of tolerance on a quiet machine; on loaded 2-core CI runs up to 12.3
+    # and 4.5. Poisoned: 8.6-22 and 7-20. The tolerance separates the two under load; the overhead bound only
+    # catches gross poison.
+    assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, envelope
 
 
 # --- 2. memory in System V segments that no process has attached ---------------------------------------------

@@ -123,6 +123,6 @@ def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
     r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
     assert r.status == "correct", (r.status, r.error)
     envelope = r.correctness["envelope"]
-    # honest: ~4.2 ms of overhead, 2 ms tolerance (8.6 and 3 seen on a loaded 2-core CI machine); poisoned: 22
-    # and 11. The bounds sit between the two, with room for the load a shared CI machine adds to an honest one.
+    # honest: ~4.2 ms of overhead, 2 ms tolerance (up to 12.3 and 4.5 seen on loaded 2-core CI machines);
+    # poisoned: 22 and 11. The bounds sit between the two, with room for the load a CI machine adds.
     assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, (envelope, first.status)
