@@ -11,7 +11,7 @@ import pytest
 from kb_gym import EvalConfig, Evaluator
 from kb_gym.problems import get_problem, load_problems, reference_as_candidate
 from kb_gym.worker import burst
-from kb_gym.worker.burst import BurstCalibration, burst_size, read_burst
+from kb_gym.worker.burst import burst_size, read_burst
 
 CPU_TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,
                        load_timeout=60, correctness_timeout=30, timing_timeout=60, burst_check="on")
@@ -31,21 +31,22 @@ def test_the_burst_is_sized_to_the_claim_within_time_and_memory():
 
 
 def test_the_reading_charges_what_the_judges_clock_shows_beyond_the_claim():
-    cal = BurstCalibration(forwards=100, overhead_ms=50.0, spread_ms=0.5)
-    honest = read_burst(50.0 + 100 * 0.2 + 1.0, cal, claimed_ms=0.2, claimed_host_ms=None, loop_tolerance_ms=3.0,
-                        device_kind="cpu")
+    # three pairs: the candidate's burst less the spare's share read right before it
+    honest = read_burst([21.0, 20.5, 21.5], [50.0] * 3, 100, claimed_ms=0.2, claimed_host_ms=None,
+                        loop_tolerance_ms=3.0, device_kind="cpu")
     assert not honest.counted and honest.tolerance_ms == 3.0 and honest.forward_ms == pytest.approx(0.21)
-    lie = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.001, claimed_host_ms=None, loop_tolerance_ms=3.0,
-                     device_kind="cpu")
+    lie = read_burst([20.0, 19.0, 21.0], [50.0] * 3, 100, claimed_ms=0.001, claimed_host_ms=None,
+                     loop_tolerance_ms=3.0, device_kind="cpu")
     assert lie.counted and lie.charged_ms == pytest.approx(0.199) and not lie.launch_bound
-    # a noisy spare widens the tolerance: 3 x its spread, or 2% of the harness's share
-    noisy = read_burst(50.0 + 100 * 0.2, BurstCalibration(100, 50.0, 10.0), 0.001, None, 3.0, "cpu")
-    assert noisy.tolerance_ms == 30.0 and not noisy.counted
+    # noisy pairs widen the tolerance to their range, or to 2% of the harness's share
+    noisy = read_burst([20.0, 0.0, 40.0], [50.0] * 3, 100, 0.001, None, 3.0, "cpu")
+    assert noisy.tolerance_ms == 40.0 and not noisy.counted
+    assert read_burst([20.0] * 3, [1000.0] * 3, 100, 0.001, None, 3.0, "cpu").tolerance_ms == 20.0
     # on a GPU, a forward whose reported host time covers the burst is launch-bound, not hiding work
-    launch = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.05, claimed_host_ms=0.2, loop_tolerance_ms=0.3,
+    launch = read_burst([20.0] * 3, [50.0] * 3, 100, claimed_ms=0.05, claimed_host_ms=0.2, loop_tolerance_ms=0.3,
                         device_kind="cuda")
     assert launch.counted and launch.launch_bound and launch.charged_ms == pytest.approx(0.15)
-    hidden = read_burst(50.0 + 100 * 0.2, cal, claimed_ms=0.05, claimed_host_ms=0.06, loop_tolerance_ms=0.3,
+    hidden = read_burst([20.0] * 3, [50.0] * 3, 100, claimed_ms=0.05, claimed_host_ms=0.06, loop_tolerance_ms=0.3,
                         device_kind="cuda")
     assert hidden.counted and not hidden.launch_bound
 

@@ -8,12 +8,12 @@ a small share of the claimed median, the candidate's runner runs K forwards back
 (runner.Runner._burst), each output committed before its "done" and a few drawn afterwards checked against the
 reference. The judge's clock around the burst, less the harness's own share of it (building inputs, committing
 outputs, the pipe), is what the K forwards cost. That share is measured the same way on a pristine spare running the
-burst on the reference, where the per-forward event times are trustworthy. Each side is read more than once and its
-smallest reading kept: a busy machine only ever adds time, and the smallest readings of two processes doing the same
-work agree far better than single ones (the gap between the spare's two smallest is the noise allowed for). Where
-the candidate's forwards cost more than K times its claimed median plus the tolerance, each timed call is charged
-the difference. A false time then buys at most tolerance / K a forward, and K grows as the claimed
-time shrinks, up to what time and memory allow.
+burst on the reference, where the per-forward event times are trustworthy, right before each of the candidate's
+bursts: the load of a 2-core machine changes over seconds (bursts of the same 128 forwards took 80 or 130-140 ms),
+and two readings taken back to back share it. The median of three such pairs' differences is what K forwards cost,
+and their range is the noise allowed for. Where the candidate's forwards cost more than K times its claimed median
+plus the tolerance, each timed call is charged the difference. A false time then buys at most tolerance / K a
+forward, and K grows as the claimed time shrinks, up to what time and memory allow.
 
 Back to back, an honest forward costs no more than a timed one (its caches stay warm) on the CPU, and on a GPU where
 it is GPU-bound; a launch-bound GPU forward costs its host time, more than the GPU time its shielded events saw. Such
@@ -37,24 +37,13 @@ RESOLUTION = 0.03
 MAX_FORWARDS = 1024
 SECONDS = {"cuda": 0.3, "cpu": 0.3}  # one burst, at the per-forward cost the envelope saw
 OUTPUT_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}  # every forward's outputs are held until the draw
-SPARE_READINGS = 3  # bursts on the spare; their smallest harness share is kept
-CANDIDATE_READINGS = 2  # bursts on the candidate; the smallest envelope is kept
+READINGS = 3  # pairs of bursts: the spare's on the reference, then the candidate's right after it
 DRAWS = 2  # outputs of each candidate burst checked against the reference after its "done": a candidate that left
-# a share f of its forwards undone is found with probability 1 - (1 - f)^4
-# The gap between the spare's two smallest shares is their noise; the tolerance is this many times that, and at
-# least this share of the harness's share itself (building inputs drifts between processes).
-SPREAD_FACTOR = 3.0
+# a share f of its forwards undone is found with probability 1 - (1 - f)^6
+# The range of the pairs' differences is their noise; the tolerance is this many times that, and at least this
+# share of the harness's share itself (building inputs drifts between processes).
+SPREAD_FACTOR = 1.0
 OVERHEAD_SHARE = 0.02
-
-
-@dataclass(frozen=True)
-class BurstCalibration:
-    """The harness's share of a K-forward burst (the judge's clock less the forwards' events), measured twice on the
-    reference in a runner that never ran candidate code: the larger reading, and how far the two were apart."""
-
-    forwards: int
-    overhead_ms: float
-    spread_ms: float
 
 
 def burst_size(claimed_ms: float, tolerance_ms: float, per_forward_ms: float, output_bytes: int,
@@ -66,7 +55,7 @@ def burst_size(claimed_ms: float, tolerance_ms: float, per_forward_ms: float, ou
         return 0
     want = math.ceil(tolerance_ms / (RESOLUTION * claimed_ms))
     # every burst (the spare's too) and the drawn outputs' references must fit the stage
-    bursts = SPARE_READINGS + CANDIDATE_READINGS + 1
+    bursts = 2 * READINGS + 1
     seconds = min(SECONDS.get(device_kind, 0.3), max(0.0, seconds_left - 2.0) / bursts)
     fits = min(MAX_FORWARDS, int(seconds * 1e3 / max(per_forward_ms, 1e-3)),
                OUTPUT_BYTES.get(device_kind, 256 << 20) // max(1, output_bytes))
@@ -85,19 +74,6 @@ def harness_share(reply: BurstReply) -> float | None:
     if any(e is None for e in reply.event_ms):
         return None
     return reply.envelope_ms - sum(e for e in reply.event_ms if e is not None)
-
-
-def calibrate(spare: RunnerProcess, forwards: int, timeout: Callable[[], float]) -> BurstCalibration | None:
-    """The harness's share of a ``forwards``-burst on the spare (prepared with the reference): the smallest of
-    SPARE_READINGS readings, and the gap to the next smallest."""
-    shares = []
-    for _ in range(SPARE_READINGS):
-        share = harness_share(spare.burst(fresh_seeds(forwards), timeout=timeout(), target="reference"))
-        if share is None:
-            return None
-        shares.append(share)
-    shares.sort()
-    return BurstCalibration(forwards, shares[0], shares[1] - shares[0])
 
 
 @dataclass
@@ -125,21 +101,21 @@ class BurstReading:
                 "launch_bound": self.launch_bound}
 
 
-def read_burst(envelope_ms: float, calibration: BurstCalibration, claimed_ms: float, claimed_host_ms: float | None,
-               loop_tolerance_ms: float, device_kind: str) -> BurstReading:
-    """Weigh the candidate's burst (its smallest envelope) against its claim: the forwards' cost by the judge's
-    clock, and the charge."""
-    k = calibration.forwards
-    tolerance = max(loop_tolerance_ms, SPREAD_FACTOR * calibration.spread_ms,
-                    OVERHEAD_SHARE * calibration.overhead_ms)
-    work = envelope_ms - calibration.overhead_ms
-    reading = BurstReading(k, envelope_ms, calibration.overhead_ms, calibration.spread_ms, claimed_ms,
-                           work / k, tolerance)
-    if work - k * claimed_ms > tolerance:
-        reading.charged_ms = work / k - claimed_ms
+def read_burst(work_ms: list[float], shares_ms: list[float], forwards: int, claimed_ms: float,
+               claimed_host_ms: float | None, loop_tolerance_ms: float, device_kind: str) -> BurstReading:
+    """Weigh the candidate's bursts against its claim. ``work_ms``: per pair, the candidate's burst less the
+    spare's share read just before it; their median is what ``forwards`` forwards cost by the judge's clock, and
+    their range the noise allowed for."""
+    work = median_of(work_ms)
+    spread = max(work_ms) - min(work_ms)
+    share = median_of(shares_ms)
+    tolerance = max(loop_tolerance_ms, SPREAD_FACTOR * spread, OVERHEAD_SHARE * share)
+    reading = BurstReading(forwards, work + share, share, spread, claimed_ms, work / forwards, tolerance)
+    if work - forwards * claimed_ms > tolerance:
+        reading.charged_ms = work / forwards - claimed_ms
         # a GPU forward whose host time covers what the burst shows: launch-bound, not hiding work
         reading.launch_bound = (device_kind == "cuda" and claimed_host_ms is not None
-                                and claimed_host_ms * k + tolerance >= work)
+                                and claimed_host_ms * forwards + tolerance >= work)
     return reading
 
 
@@ -152,15 +128,16 @@ def median_of(values: list[float]) -> float:
     return median_ci(values)[0] if values else 0.0
 
 
-def confirm(runner: RunnerProcess, timing: Any, calibration_for: Callable[[int], BurstCalibration | None],
+def confirm(runner: RunnerProcess, timing: Any, spare_share: Callable[[int], float | None],
             reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], output_bytes: int,
             byte_limit: int, device_kind: str, timeout: Callable[[], float]) -> None:
-    """Run the burst on the candidate after its timing loop (``timing``: timing.PairedTiming) and record what it
-    showed in ``timing.burst``, or a drawn output that is wrong in ``timing.mismatch``. ``calibration_for(K)``: the
-    spare's reading of a K-forward burst (None: none could be had, and nothing is charged); ``reference(seed)``: the
-    reference's outputs for a seed; ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None;
-    ``output_bytes``: the reference's outputs' size (what K forwards hold); ``byte_limit``: the most one forward's
-    outputs may announce before the judge reads them."""
+    """Run the bursts on the candidate after its timing loop (``timing``: timing.PairedTiming) and record what
+    they showed in ``timing.burst``, or a drawn output that is wrong in ``timing.mismatch``. ``spare_share(K)``:
+    the harness's share of a K-forward burst, read now on the pristine spare with the candidate's tree stopped
+    (None: none could be had, and nothing is charged); ``reference(seed)``: the reference's outputs for a seed;
+    ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None; ``output_bytes``: the
+    reference's outputs' size (what K forwards hold); ``byte_limit``: the most one forward's outputs may announce
+    before the judge reads them."""
     if timing.calibration is None or not timing.cand.event_ms or timing.mismatch:
         return
     claimed = median_of(timing.charged_ms())
@@ -168,18 +145,19 @@ def confirm(runner: RunnerProcess, timing: Any, calibration_for: Callable[[int],
     k = burst_size(claimed, timing.tolerance_ms(), per_forward, output_bytes, device_kind, timeout())
     if not k:
         return
-    calibration = calibration_for(k)
-    if calibration is None:
-        return
-    envelopes = []
-    for _ in range(CANDIDATE_READINGS):
+    work, shares = [], []
+    for _ in range(READINGS):
+        share = spare_share(k)
+        if share is None:
+            return
         reply = runner.burst(fresh_seeds(k), timeout=timeout())
-        envelopes.append(reply.envelope_ms)
         want = draw(reply)
         for j, outputs in zip(want, runner.burst_outputs(reply, want, timeout(), byte_limit), strict=True):
             why = check(outputs, reference(reply.seeds[j]), reply.seeds[j])
             if why:
                 timing.mismatch = f"forward {j + 1} of {k} run back to back after the timed calls: {why}"
                 return
+        work.append(reply.envelope_ms - share)
+        shares.append(share)
     host = median_of(timing.cand.host_ms) if timing.cand.host_ms else None
-    timing.burst = read_burst(min(envelopes), calibration, claimed, host, timing.tolerance_ms(), device_kind)
+    timing.burst = read_burst(work, shares, k, claimed, host, timing.tolerance_ms(), device_kind)

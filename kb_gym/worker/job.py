@@ -55,8 +55,6 @@ class WorkerContext:
         # (problem code, numerics) -> (time.monotonic() measured, Calibration): one spare calibration serves
         # every candidate of a problem for CALIBRATION_TTL_S (an RL batch meets each problem many times)
         self.calibrations: dict[tuple[str, str, bool, int], tuple[float, Calibration]] = {}
-        # ... and of a K-forward burst (burst.py), keyed by K too
-        self.burst_calibrations: dict[tuple[str, str, bool, int], tuple[float, burst.BurstCalibration]] = {}
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
@@ -426,7 +424,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             if timing.hidden_work():
                 timing = _retime(timing, timed_loop, deadline)
         if runner is not None and _burst_wanted(cfg, ctx.device):
-            burst.confirm(runner, timing, lambda k: _burst_calibration(ctx, job, runner, deadline, k, call_timeout),
+            burst.confirm(runner, timing, _spare_share(ctx, job, runner, deadline, call_timeout),
                           lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner), check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
                           call_timeout)
@@ -445,35 +443,40 @@ def _burst_wanted(cfg: dict[str, Any], device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cpu")
 
 
-def _burst_calibration(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float, forwards: int,
-                       timeout: Callable[[], float]) -> burst.BurstCalibration | None:
-    """The harness's share of a ``forwards``-burst, read on the pristine spare with the candidate's tree stopped,
-    as the per-call calibration is (_calibration); reused for the same problem and burst for CALIBRATION_TTL_S.
-    None where no spare could read it: the burst then charges nothing."""
+def _spare_share(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float,
+                 timeout: Callable[[], float]) -> Callable[[int], float | None]:
+    """What ``burst.confirm`` reads before each of the candidate's bursts: the harness's share of a K-forward burst
+    on the reference in the pristine spare (prepared once), with the candidate's tree stopped as for the per-call
+    calibration (_calibration). None from then on once the spare fails: the burst then charges nothing."""
     cfg = job["config"]
-    tf32 = bool(cfg.get("tf32", False))
-    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, forwards)
-    kept = ctx.burst_calibrations.get(key)
-    if kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
-        return kept[1]
-    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
-    if spare is None:
-        return None
-    try:
-        spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], tf32, timeout=timeout(),
-                      reference_model=True)
-    except StageError:
-        ctx.pool.discard_spare()
-        return None
-    with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
+    held: dict[str, Any] = {"spare": None, "failed": ctx.pool is None}
+
+    def read(forwards: int) -> float | None:
+        if held["failed"]:
+            return None
         try:
-            calibration = burst.calibrate(spare, forwards, timeout)
+            if held["spare"] is None:
+                spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+                if spare is None:
+                    held["failed"] = True
+                    return None
+                spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], bool(cfg.get("tf32", False)),
+                              timeout=timeout(), reference_model=True)
+                held["spare"] = spare
         except StageError:
             ctx.pool.discard_spare()
+            held["failed"] = True
             return None
-    if calibration is not None:
-        ctx.burst_calibrations[key] = (time.monotonic(), calibration)
-    return calibration
+        with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
+            try:
+                reply = held["spare"].burst(burst.fresh_seeds(forwards), timeout=timeout(), target="reference")
+            except StageError:
+                ctx.pool.discard_spare()
+                held["failed"] = True
+                return None
+        return burst.harness_share(reply)
+
+    return read
 
 
 def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
