@@ -75,18 +75,23 @@ def _burst_of(r):
 
 
 def test_honest_candidates_are_confirmed_not_charged(ev, relu):
-    """A reference copy and the Triton solution (through the interpreter), three times each: each burst ran and
-    charged nothing, and the timed speedup stands."""
+    """Two honest answers of ~0.1 ms a forward (a reference copy, and torch.where), three times each: each got its
+    burst, which charged nothing. The Triton solution through the interpreter (60-90 ms a forward here) needs none:
+    the loop's 3 ms tolerance is within the drift allowed, so the envelope already bounds a false claim."""
     from kb_gym.training.learning_check.corpus import correct_code
 
-    solution, variant = correct_code(relu)
-    assert variant == "triton_solution"
-    for source in (reference_as_candidate(relu), solution) * 3:
+    clamp = reference_as_candidate(relu).replace("torch.clamp_min(inp, 0.0)", "torch.where(inp > 0, inp, 0.0)")
+    assert clamp != reference_as_candidate(relu)
+    for source in (reference_as_candidate(relu), clamp) * 3:
         r = ev.evaluate(relu, source, config=CPU_TIMED)
         assert r.status == "correct", (r.status, r.error)
         b = _burst_of(r)
         assert b is not None and b["forwards"] >= 2, r.correctness.get("envelope")
         assert not b["counted"] and "side_stream" not in r.flags and "launch_bound" not in r.flags, b
+    solution, variant = correct_code(relu)
+    assert variant == "triton_solution"
+    r = ev.evaluate(relu, solution, config=CPU_TIMED)
+    assert r.status == "correct" and _burst_of(r) is None and "side_stream" not in r.flags, r.correctness
 
 
 LEFT_UNDONE = '''
