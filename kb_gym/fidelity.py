@@ -179,9 +179,9 @@ def run_fidelity(device: str = "cuda:0", repeats: int = 1, cases: list[str] | No
     import os
 
     cases = cases or [c for c in os.environ.get("KB_GYM_FIDELITY_CASES", "").split(",") if c]
-    # KB_GYM_FIDELITY_BURST=on: the burst check (worker/burst.py) on a GPU too, where "auto" leaves it off until
-    # these rows show it charges honest kernels nothing
-    burst = {"burst_check": os.environ["KB_GYM_FIDELITY_BURST"]} if os.environ.get("KB_GYM_FIDELITY_BURST") else {}
+    # KB_GYM_FIDELITY_BURST=1: with the burst check (worker/burst.py), off by default until these rows show on a
+    # GPU that it charges honest kernels nothing
+    burst = {"burst_check": True} if os.environ.get("KB_GYM_FIDELITY_BURST") == "1" else {}
     from kb_gym.baseline_cache import BaselineCache
     from kb_gym.config import config_preset
     from kb_gym.evaluator import Evaluator

@@ -6,7 +6,7 @@
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
-#   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (on: the burst check on the GPU), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
+#   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
 #   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.

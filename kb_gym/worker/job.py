@@ -423,7 +423,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             _second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
             if timing.hidden_work():
                 timing = _retime(timing, timed_loop, deadline)
-        if runner is not None and _burst_wanted(cfg, ctx.device):
+        if runner is not None and cfg.get("burst_check"):
             burst.confirm(runner, timing, _spare_share(ctx, job, runner, deadline, call_timeout),
                           lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner), check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
@@ -436,11 +436,6 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
                          restart=sticky_cuda_error(ctx.device)) from None
     _timing_verdict(timing, cached, result, state)
-
-
-def _burst_wanted(cfg: dict[str, Any], device: torch.device) -> bool:
-    mode = cfg.get("burst_check", "auto")
-    return mode == "on" or (mode == "auto" and device.type == "cpu")
 
 
 def _spare_share(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float,
