@@ -4,17 +4,17 @@ A timed call's time is the event time its runner reports; the judge's envelope a
 where it exceeds the events by more than the tolerance (timing.PairedTiming.tolerance_ms: at least 0.3 ms on a GPU,
 3 ms on the CPU). Within that, a runner could report any time at all: round 4 reported 1 us a call for eager GELU
 and got 56x (tests/adversarial/test_redteam_round4.py). So after the timing loop, where the tolerance is more than
-the drift allowed (a quarter of the claimed median on the CPU), the candidate's runner runs K forwards back to back
-on K fresh input sets (runner.Runner._burst), each output committed before its "done" and a few drawn afterwards
-checked against the reference. The judge's clock around the burst, less the harness's own share of it (building
-inputs, committing outputs, the pipe), is what the K forwards cost. That share is measured the same way on a
-pristine spare running the burst on the reference, where the per-forward event times are trustworthy, right before
-each of the candidate's bursts: the load of a 2-core machine changes over seconds (bursts of the same 128 forwards
-took 80 or 130-140 ms), and two readings taken back to back share it. The median of three such pairs' differences is
-what K forwards cost, and their range is the noise allowed for. Where the candidate's forwards cost more than K
-times its claimed median plus the drift honest forwards show (DRIFT) and the tolerance, each timed call is charged
-the difference. A false time then buys at most that drift and tolerance / K a forward, and K grows as the claimed
-time shrinks, up to what time and memory allow.
+the drift allowed (DRIFT: all of the claimed median on the CPU, a tenth on a GPU), the candidate's runner runs K
+forwards back to back on K fresh input sets (runner.Runner._burst), each output committed before its "done" and a
+few drawn afterwards checked against the reference. The judge's clock around the burst, less the harness's own share
+of it (building inputs, committing outputs, the pipe), is what the K forwards cost. That share is measured the same
+way on a pristine spare running the burst on the reference, where the per-forward event times are trustworthy, right
+before each of the candidate's bursts: the load of a 2-core machine changes over seconds (bursts of the same 128
+forwards took 80 or 130-140 ms), and two readings taken back to back share it. The median of three such pairs'
+differences is what K forwards cost, and their range is the noise allowed for. Where the candidate's forwards cost
+more than K times its claimed median plus the drift honest forwards show (DRIFT) and the tolerance, each timed call
+is charged the difference. A false time then buys at most that drift and tolerance / K a forward, and K grows as the
+claimed time shrinks, up to what time and memory allow.
 
 Back to back, an honest forward costs no more than a timed one (its caches stay warm) on the CPU, and on a GPU where
 it is GPU-bound; a launch-bound GPU forward costs its host time, more than the GPU time its shielded events saw.
@@ -58,7 +58,7 @@ def burst_size(claimed_ms: float, tolerance_ms: float, per_forward_ms: float, ou
     """How many forwards the burst needs so that a false claim hides at most RESOLUTION of the claimed median a
     forward: a power of two, capped by time and memory; 0 where the envelope already bounds a false claim within
     the drift allowed (DRIFT) or fewer than two forwards fit."""
-    if claimed_ms <= 0 or tolerance_ms <= DRIFT.get(device_kind, 0.25) * claimed_ms:
+    if claimed_ms <= 0 or tolerance_ms <= DRIFT.get(device_kind, DRIFT["cpu"]) * claimed_ms:
         return 0
     want = math.ceil(tolerance_ms / (RESOLUTION * claimed_ms))
     # every burst (the spare's too) and the drawn outputs' references must fit the stage
@@ -118,7 +118,7 @@ def read_burst(work_ms: list[float], shares_ms: list[float], forwards: int, clai
     share = median_of(shares_ms)
     tolerance = max(loop_tolerance_ms, SPREAD_FACTOR * spread, OVERHEAD_SHARE * share)
     reading = BurstReading(forwards, work + share, share, spread, claimed_ms, work / forwards, tolerance)
-    if work - forwards * claimed_ms * (1.0 + DRIFT.get(device_kind, 0.25)) > tolerance:
+    if work - forwards * claimed_ms * (1.0 + DRIFT.get(device_kind, DRIFT["cpu"])) > tolerance:
         reading.charged_ms = work / forwards - claimed_ms
         # a GPU forward whose host time covers what the burst shows: launch-bound, not hiding work
         reading.launch_bound = (device_kind == "cuda" and claimed_host_ms is not None

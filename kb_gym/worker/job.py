@@ -331,11 +331,7 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         return None
     seed = int(job["seed"])
     seeds = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)]
-    try:
-        spare.prepare(job["problem_code"], seed, cfg["precision"], tf32, timeout=deadline - time.monotonic(),
-                      reference_model=True)
-    except StageError:  # the spare's failure is not the candidate's: no envelope verdict this time
-        ctx.pool.discard_spare()
+    if not _prepare_spare(ctx, job, spare, deadline - time.monotonic()):
         return None
     # Every thread of the candidate's tree stopped first (or the candidate's verdict): only then is what the
     # spare measures clean enough to keep for the problem's next candidates.
@@ -438,30 +434,35 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
     _timing_verdict(timing, cached, result, state)
 
 
+def _prepare_spare(ctx: WorkerContext, job: dict[str, Any], spare: RunnerProcess, timeout: float) -> bool:
+    """The spare given the problem and the reference model; False (and the spare discarded) where it failed: the
+    spare's failure is not the candidate's, so nothing is measured against it this time."""
+    cfg = job["config"]
+    try:
+        spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], bool(cfg.get("tf32", False)),
+                      timeout=timeout, reference_model=True)
+    except StageError:
+        ctx.pool.discard_spare()
+        return False
+    return True
+
+
 def _spare_share(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float,
                  timeout: Callable[[], float]) -> Callable[[int], float | None]:
     """What ``burst.confirm`` reads before each of the candidate's bursts: the harness's share of a K-forward burst
     on the reference in the pristine spare (prepared once), with the candidate's tree stopped as for the per-call
     calibration (_calibration). None from then on once the spare fails: the burst then charges nothing."""
-    cfg = job["config"]
     held: dict[str, Any] = {"spare": None, "failed": ctx.pool is None}
 
     def read(forwards: int) -> float | None:
         if held["failed"]:
             return None
-        try:
-            if held["spare"] is None:
-                spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
-                if spare is None:
-                    held["failed"] = True
-                    return None
-                spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], bool(cfg.get("tf32", False)),
-                              timeout=timeout(), reference_model=True)
-                held["spare"] = spare
-        except StageError:
-            ctx.pool.discard_spare()
-            held["failed"] = True
-            return None
+        if held["spare"] is None:
+            spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+            if spare is None or not _prepare_spare(ctx, job, spare, timeout()):
+                held["failed"] = True
+                return None
+            held["spare"] = spare
         with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
             try:
                 reply = held["spare"].burst(burst.fresh_seeds(forwards), timeout=timeout(), target="reference")
