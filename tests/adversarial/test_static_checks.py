@@ -7,6 +7,7 @@ examples) must give no finding at all. Fast, CPU only, nothing is executed.
 
 from __future__ import annotations
 
+import ast
 import random
 import string
 import textwrap
@@ -24,8 +25,11 @@ from kb_gym.integrity import (
     Finding,
     IntegrityPolicy,
     get_policy,
+    lines,
     static_findings,
 )
+from kb_gym.integrity.analyzer import _Analyzer
+from kb_gym.integrity.lines import _LINE_RE, LINE_RULES, line_scan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -907,18 +911,62 @@ def test_odd_but_valid_sources_do_not_raise():
 
 
 def test_one_megabyte_returns_within_a_second():
+    # A guard against backtracking blow-ups (which take minutes), not a performance target: unloaded, the ordinary
+    # megabyte takes about 0.15 s and the one holding every rule's needles about 0.9 s, so the bounds leave a
+    # loaded two-core CI machine room.
     rng = random.Random(0)
     junk = "".join(rng.choice(string.printable) for _ in range(1_000_000))
     valid = (candidate() + "\n") * (1_000_000 // len(candidate()) + 1)
     hacked = valid + "\ntorch.allclose = lambda *a, **k: True\n"
-    for text in (junk, valid, hacked):
+    every_needle = valid + "\n# " + " ".join(n for *_, needles in LINE_RULES for n in needles) + "\n"
+    for text, bound in ((junk, 1.0), (valid, 1.0), (hacked, 1.0), (every_needle, 4.0)):
         start = time.perf_counter()
         findings = static_findings(text)
-        assert time.perf_counter() - start < 1.0
+        assert time.perf_counter() - start < bound
         assert isinstance(findings, list)
     flags = {f.flag for f in static_findings(hacked)}
     assert {"unchecked", "harness_patch"} <= flags
     assert len(valid) > MAX_PARSE_CHARS
+
+
+# One line per alternative of every line rule: the needle prefilter must never skip a rule that would match.
+LINE_RULE_EXAMPLES = [
+    "time.perf_counter = f", "timeit.default_timer = f", "torch.cuda.Event.elapsed_time = f",
+    "torch.cuda.synchronize = f", "torch.cuda.Stream = f", "do_bench = f", "torch.allclose = f", "triton.x = 1",
+    "np.testing.x = 1", "numpy.x = 1", "nn.Module.x = 1", "F.relu = f", "builtins.print = f", "sys.x = 1",
+    "setattr(torch, 'x', 1)", "setattr( time, 'x', 1)", "sys.modules['x'] = y", "__builtins__", "importlib.reload(m)",
+    "import kb_gym", "sys._getframe(1)", "inspect.currentframe()", "inspect.stack()", "f.f_back", "f.f_locals",
+    "f.f_globals", "t.tb_frame", "gc.get_objects()", "gc.get_referrers(x)", "gc.get_referents(x)", "import ctypes",
+    "open('/proc/self/mem')", "sys.settrace(f)", "sys.setprofile(f)", "object.__subclasses__()", "f.__globals__",
+    "import threading", "from _thread import x", "import multiprocessing", "import subprocess", "import asyncio",
+    "from concurrent import futures", "os.fork()", "os.system ('x')", "os.popen('x')", "os.execv(a, b)",
+    "os.spawnl(a)", "import socket", "import urllib", "import requests", "from http import client", "import signal",
+    "import psutil", "os.kill", "os.killpg", "os.chdir", "os.putenv", "os.environ['X'] = '1'",
+    "def __torch_function__(cls): pass", "__torch_dispatch__", "torch.Tensor._make_subclass(c, x)",
+    "torch.Tensor._make_wrapper_subclass(c, s)", "class T(torch.Tensor):", "class T( Tensor ) :", "exec('x')",
+    "eval ('x')",
+]
+
+
+@pytest.mark.parametrize("line", LINE_RULE_EXAMPLES)
+def test_the_line_scan_needles_never_skip_a_matching_rule(line):
+    text = "\n# padding\n" * 3 + line + "\n"
+    matching = [(regex, needles) for regex, _, _, needles in _LINE_RE if regex.search(text)]
+    assert matching, f"{line!r} matches no line rule: the example list is stale"
+    for regex, needles in matching:
+        assert any(needle in text for needle in needles), f"{regex.pattern[:40]} matches {line!r} but its needles miss"
+
+
+def test_every_attack_gets_the_same_line_scan_with_and_without_the_needles(monkeypatch):
+    def scan(text: str) -> list[tuple[str, int | None]]:
+        an = _Analyzer(ast.Module(body=[], type_ignores=[]))
+        line_scan(an, text)
+        return [(f.flag, f.line) for f in an.findings]
+
+    texts = [source for _, source, _ in ATTACKS] + LINE_RULE_EXAMPLES
+    with_needles = [scan(t) for t in texts]
+    monkeypatch.setattr(lines, "_LINE_RE", [(regex, flag, what, ("",)) for regex, flag, what, _ in _LINE_RE])
+    assert [scan(t) for t in texts] == with_needles
 
 
 def test_oversized_source_still_gets_the_line_scan():
