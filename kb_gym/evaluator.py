@@ -403,6 +403,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       build_cached=bool(runner.get("build_cached")),
                       # a cache hit whose build was up to date in the runner (False: rebuilt all the same)
                       build_reused=runner["build_reused"] if isinstance(runner.get("build_reused"), bool) else None,
+                      # when a new build went into the cache: right after the load, or once the runner was gone
+                      build_kept=runner["build_kept"] if runner.get("build_kept") in ("at_load", "at_exit") else None,
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       payload_pinned=bool(runner.get("payload_pinned")),
                       digest="device" if runner.get("digest") == "device" else "host",

@@ -37,6 +37,9 @@ from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, 
 CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
+# The build cache's hold after a load waits this long for the tree to stand still; a tree that does not (a thread
+# in a long system call: GPU drivers' threads, or a candidate's on purpose) has its build kept once it is gone.
+KEEP_SETTLE_SECONDS = 0.25
 SOL_MARGIN = 0.75  # the speed-of-light floor is this share of the ideal time: no honest kernel is flagged
 
 
@@ -180,13 +183,16 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "startup_phases": runner.info.get("startup_phases"),
                                 "build_cached": bool(result.get("build_cached")),
                                 "build_reused": result.get("build_reused"),
+                                "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
-            runner.kill()
+            keep_at_exit = state.get("keep_at_exit")
+            runner.kill(keep=(lambda scratch: build_cache.keep(keep_at_exit[0], scratch / "ext", keep_at_exit[1]))
+                        if keep_at_exit else None)
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -251,9 +257,13 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                     pch.start_build(headers, variant)
             if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
                 try:
-                    with runner.frozen(refuse=False, asleep_is_stopped=False) as still:
+                    with runner.frozen(settle=KEEP_SETTLE_SECONDS, refuse=False, asleep_is_stopped=False) as still:
                         if still:
                             build_cache.keep(job["source"], runner.scratch / "ext", tools)
+                            state["build_kept"] = "at_load"
+                        else:  # kept once the tree is gone instead (run_job), at no further wait of the judge
+                            state["keep_at_exit"] = (job["source"], tools)
+                            state["build_kept"] = "at_exit"
                 except StageError:  # its processes ran during the copy: what was copied is not kept
                     build_cache.discard(job["source"], tools)
                     raise

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -523,7 +523,10 @@ class RunnerProcess:
         finally:
             sandbox.thaw(procs)
 
-    def kill(self) -> None:
+    def kill(self, keep: Callable[[Path], None] | None = None) -> None:
+        """End the runner and every process of its tree, and remove its scratch folder; ``keep`` is called
+        with the scratch folder once the whole tree is gone (nothing of the candidate can change it then) and
+        before the folder is removed."""
         self._large_buffer = None
         if self.payload is not None:
             self.payload.close()
@@ -548,7 +551,12 @@ class RunnerProcess:
                 except OSError:
                     pass
             self._fds = []
-        sandbox.wait_gone(tree, timeout=10.0)
+        gone = sandbox.wait_gone(tree, timeout=10.0)
+        if keep is not None and gone:
+            try:
+                keep(self.scratch)
+            except Exception:  # noqa: BLE001 - a copy that fails keeps nothing; the runner still ends
+                pass
         for stream in streams:
             try:
                 if stream:

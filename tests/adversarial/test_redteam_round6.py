@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_judge_isolation import TIMED, cand, honest_after
+from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after
 from test_redteam_round4 import FIND_RUNNER
 from test_redteam_round5 import UNFREEZABLE, _fresh_gelu
 
@@ -126,3 +126,45 @@ def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
     # honest: ~4.2 ms of overhead, 2 ms tolerance (up to 12.3 and 4.5 seen on loaded 2-core CI machines);
     # poisoned: 22 and 11. The bounds sit between the two, with room for the load a CI machine adds.
     assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, (envelope, first.status)
+
+
+# --- 2. a tree that never stands still during the build cache's hold: 2 s of the judge a try ---------------------
+#
+# After a load that built something, the judge holds the runner's tree stopped to copy its build folder into the
+# cache; the hold is lenient (a GPU driver's thread in uninterruptible sleep is no verdict), so a tree that never
+# stood still made the judge wait out the hold's 2 s settle time and then copy nothing: 2 s of the judge per try,
+# for any source that names the extension builder and starts a child with a SIGCONT timer. Fixed: the hold waits
+# 0.25 s (job.KEEP_SETTLE_SECONDS) and the build is kept once the runner's whole tree is gone instead (nothing of
+# the candidate can change the folder then), before its scratch folder is removed.
+
+UNSTILL_BUILDER = cand(UNFREEZABLE + '''
+import os, time
+from torch.utils.cpp_extension import load_inline  # named: the source may build, so its build folder is kept
+_ext = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "unstill_ext")
+if os.path.isdir(_ext):
+    raise RuntimeError("restored: " + open(os.path.join(_ext, "built.txt")).read())
+os.makedirs(_ext)
+with open(os.path.join(_ext, "built.txt"), "w") as _fh:
+    _fh.write("built in the first runner")
+if os.getpid() == 1 and os.fork() == 0:
+    try:
+        _unfreezable()
+        while True:
+            time.sleep(0.001)
+    finally:
+        os._exit(0)
+''')
+
+
+def test_a_build_whose_tree_never_stands_still_is_kept_when_the_runner_is_gone(monkeypatch, tmp_path):
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as fresh:
+        first = fresh.evaluate(GELU, UNSTILL_BUILDER, config=CHECK)
+        second = fresh.evaluate(GELU, UNSTILL_BUILDER, config=CHECK)
+        honest_after(fresh)
+    assert first.status == "correct" and first.worker["build_kept"] == "at_exit", (first.status, first.error,
+                                                                                     first.worker.get("build_kept"))
+    # the hold waited its 0.25 s, not 2 s (load of a Python source: well under a second here)
+    assert first.stage_seconds["load"] < 2.0, first.stage_seconds
+    assert second.worker["build_cached"] and second.status == "compile_error", (second.status, second.worker)
+    assert "restored: built in the first runner" in second.error
