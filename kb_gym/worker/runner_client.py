@@ -434,7 +434,8 @@ class RunnerProcess:
             raise self._unexpected(head, "chunk_bytes")
         sizes = [min(chunk_bytes, meta[k]["nbytes"] - j * chunk_bytes) for k, j in want]
         described = head.get("outputs")
-        if (not isinstance(described, list) or [d.get("nbytes") for d in described] != sizes
+        if (not isinstance(described, list) or not all(isinstance(d, dict) for d in described)
+                or [d.get("nbytes") for d in described] != sizes
                 or any(d.get("dtype") != "uint8" for d in described)):
             raise WireError("the runner's chunks are not the sizes asked for")
         raw, _ = self._payload(head, expected_nbytes(described, sum(sizes)), timeout, reuse=False)

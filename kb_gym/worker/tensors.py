@@ -89,6 +89,7 @@ def host_bytes(t: torch.Tensor) -> memoryview:
 # The judge lives long and torch's host allocator keeps what it pinned: outputs up to this size are read
 # into page-locked memory (a direct copy to the GPU), larger ones into pageable memory.
 PINNED_RECEIVE_BYTES = 256 << 20
+MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 
 
 def flatten_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -112,11 +113,15 @@ def expected_nbytes(meta: Any, limit: int) -> int:
         if not isinstance(item, dict) or item.get("dtype") not in WIRE_DTYPES:
             raise WireError("the runner described an output with an unknown dtype")
         shape = item.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < 1 << 40 for s in shape):
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40 for s in shape)):
             raise WireError("the runner described an output with an invalid shape")
-        numel = 1
+        numel, span = 1, 1
         for s in shape:
             numel *= s
+            span *= max(s, 1)  # an empty tensor's strides are still the product of the other sizes
+        if span >= 1 << 62:
+            raise WireError("the runner described an output whose strides overflow")
         nbytes = numel * WIRE_DTYPES[item["dtype"]].itemsize
         if item.get("nbytes") != nbytes:
             raise WireError("an output's byte count does not match its shape and dtype")
@@ -142,10 +147,13 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
             raw = torch.frombuffer(data, dtype=torch.uint8, count=n, offset=offset)
         offset += n
         where = device if item.get("device") == "cuda" else torch.device("cpu")
-        if n:  # a copy either way: the judge's tensor shares nothing with the bytes it was read from
-            t = (raw.to(where) if where.type == "cuda" else raw.clone()).view(dtype).reshape(item["shape"])
-        else:
-            t = torch.empty(item["shape"], dtype=dtype, device=where)
+        # a copy either way: the judge's tensor shares nothing with the bytes it was read from
+        copied = None if not n else raw.to(where) if where.type == "cuda" else raw.clone()
+        try:  # only the shape is the runner's here (a device error in the copy above is not)
+            t = copied.view(dtype).reshape(item["shape"]) if n else torch.empty(item["shape"], dtype=dtype,
+                                                                               device=where)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise WireError(f"the runner described an output the judge cannot build: {str(exc)[:200]}") from None
         out.append(t)
     return out
 

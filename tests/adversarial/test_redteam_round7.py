@@ -181,8 +181,6 @@ _runner.describe = _describe
 ''', "return torch.empty(0)")
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: an output shape whose strides overflow makes decode raise a "
-                   "RuntimeError in the judge: 'the judge failed', crash, judge restarted")
 def test_an_output_shape_whose_strides_overflow_is_the_candidates_verdict(ev):
     r = ev.evaluate(GELU, STRIDE_OVERFLOW, config=CHECK)
     restarts = r.worker.get("restarts")
@@ -209,8 +207,6 @@ _runner.Runner._send_burst_outputs = _burst_outputs
 ''')
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: the same description in a burst reply is reported as 'the "
-                   "baseline failed while timing' (runtime_error), not the candidate's tampering")
 def test_an_overflowing_shape_in_a_burst_reply_is_the_candidates_verdict(ev):
     r = ev.evaluate(GELU, BURST_OVERFLOW, config=TIMED.replace(burst_check=True))
     honest_after(ev)
@@ -235,8 +231,6 @@ _runner.Runner._send_chunks = _chunks
 ''')
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: a chunk reply describing numbers instead of objects raises "
-                   "AttributeError in the judge, reported as 'the baseline failed while timing'")
 def test_a_malformed_chunk_reply_is_the_candidates_verdict(ev):
     r = ev.evaluate(GELU, CHUNKS_NOT_OBJECTS, config=TIMED.replace(timed_output_sample_bytes=1 << 12))
     honest_after(ev)
