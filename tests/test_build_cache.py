@@ -3,6 +3,7 @@ the extension's name; a source two judges get at once is built once."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -197,3 +198,67 @@ def test_a_runner_cannot_rewrite_the_precompiled_header_and_a_changed_one_is_nev
     assert after.status == "correct", after.error
     assert after.worker["pch"]["removed"] == ["cpp"] and after.worker["pch"]["used"] == []
     assert not header.exists() or b"poisoned" not in header.read_bytes()[:64]
+
+
+def _entry(root: Path, name: str, size: int, used: float) -> Path:
+    """A complete entry of ``size`` bytes last used at ``used`` (as keep leaves one)."""
+    folder = root / name
+    (folder / "ext" / "e").mkdir(parents=True)
+    (folder / "ext" / "e" / "e.so").write_bytes(b"\x7f" * size)
+    (folder / build_cache.MARKER).write_text(str(size))
+    os.utime(folder / build_cache.MARKER, (used, used))
+    return folder
+
+
+def test_the_cache_evicts_the_least_recently_used_entries_past_its_bound(monkeypatch, tmp_path):
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path))
+    now = time.time()
+    old, mid, new = (_entry(tmp_path, n, 400, now - age) for n, age in (("old", 300), ("mid", 200), ("new", 100)))
+    assert build_cache.evict(tmp_path, 1200) == []  # within the bound: nothing goes
+    os.utime(old / build_cache.MARKER)  # used again (a hit: the next test)
+    gone = build_cache.evict(tmp_path, 1000)  # 1,200 > 1,000: down to 800 at most, oldest use first
+    assert gone == [mid] and not mid.exists() and old.exists() and new.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".evicted")] == []
+
+
+def test_a_hit_marks_its_entry_used_and_a_miss_mid_copy_leaves_nothing_half_copied(monkeypatch, tmp_path):
+    root = tmp_path / "extensions"
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(root))
+    tools = "tools"
+    entry = _entry(root, build_cache.source_key("src", tools), 10, time.time() - 1000)
+    before = (entry / build_cache.MARKER).stat().st_mtime
+    assert build_cache.restore("src", tmp_path / "runner" / "ext", tools)
+    assert (entry / build_cache.MARKER).stat().st_mtime > before
+    shutil.rmtree(entry / "ext")  # evicted under the restore: a miss, and the runner's folder emptied
+    (tmp_path / "runner" / "ext" / "e" / "stale.o").write_bytes(b"x")
+    assert not build_cache.restore("src", tmp_path / "runner" / "ext", tools)
+    assert not (tmp_path / "runner" / "ext").exists()
+
+
+def test_keep_records_the_size_skips_sparse_files_and_refuses_a_folder_over_the_entry_bound(monkeypatch, tmp_path):
+    root = tmp_path / "extensions"
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(root))
+    ext = tmp_path / "runner_ext"
+    (ext / "e").mkdir(parents=True)
+    (ext / "e" / "e.so").write_bytes(os.urandom(200_000))
+    with open(ext / "e" / "holes.so", "wb") as fh:
+        fh.truncate(64 << 20)  # 64 MB that holds no block
+    build_cache.keep("src", ext, "tools")
+    entry = root / build_cache.source_key("src", "tools")
+    assert (entry / build_cache.MARKER).read_text() == "200000"
+    assert sorted(p.name for p in (entry / "ext" / "e").iterdir()) == ["e.so"]
+    monkeypatch.setattr(build_cache, "ENTRY_MAX_BYTES", 100_000)
+    build_cache.keep("src2", ext, "tools")
+    assert not (root / build_cache.source_key("src2", "tools")).exists()
+    assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_keep_evicts_past_the_bound_set_in_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_MAX_GB", str(300_000 / (1 << 30)))
+    stale = _entry(tmp_path, "stale", 200_000, time.time() - 1000)
+    ext = tmp_path.parent / f"{tmp_path.name}_ext"
+    (ext / "e").mkdir(parents=True)
+    (ext / "e" / "e.so").write_bytes(os.urandom(150_000))
+    build_cache.keep("src", ext, "tools")
+    assert not stale.exists() and (tmp_path / build_cache.source_key("src", "tools") / build_cache.MARKER).is_file()

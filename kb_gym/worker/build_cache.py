@@ -34,6 +34,14 @@ from pathlib import Path
 import torch
 
 MARKER = "complete"
+# A kept entry holds at most this much (an nvcc build folder is 10-100 MB); a larger folder is not kept. Files
+# that hold fewer blocks than their size (sparse: a runner's truncate()) are never copied: the copy would write
+# every byte, outside the disk limit the runner's blocks are held to (round 7: 1 GB of host disk per file).
+ENTRY_MAX_BYTES = 1 << 30
+# The whole cache is held under KB_GYM_EXTENSIONS_MAX_GB (default 20): an RL run builds a new extension for
+# almost every CUDA candidate, so past the bound the least recently used entries go.
+DEFAULT_MAX_GB = 20.0
+_EVICT_TO = 0.8  # eviction brings the cache down to this share of its bound, so it does not run on every keep
 
 
 def extensions_root() -> Path | None:
@@ -125,7 +133,9 @@ def restore(source: str, runner_ext: Path, tools: str) -> bool:
         return False
     try:
         shutil.copytree(entry / "ext", runner_ext, dirs_exist_ok=True, symlinks=False)
-    except OSError:
+        os.utime(entry / MARKER)  # recently used: the last to be evicted
+    except OSError:  # evicted mid-copy: a miss, and nothing half-copied left for the runner's build to trust
+        shutil.rmtree(runner_ext, ignore_errors=True)
         return False
     return True
 
@@ -155,12 +165,80 @@ def keep(source: str, runner_ext: Path, tools: str) -> None:
     staging = root / f".{entry.name}.{os.getpid()}.tmp"
     try:
         shutil.rmtree(staging, ignore_errors=True)
-        _copy_regular_files(runner_ext, staging / "ext")
+        size = _copy_regular_files(runner_ext, staging / "ext", ENTRY_MAX_BYTES)
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
-        (entry / MARKER).write_text("ok")
-    except OSError:
+        (entry / MARKER).write_text(str(size))
+    except (OSError, _TooLarge):
         shutil.rmtree(staging, ignore_errors=True)
+        return
+    evict(root, max_bytes())
+
+
+def max_bytes() -> int:
+    """The cache's bound in bytes (``KB_GYM_EXTENSIONS_MAX_GB``, default 20 GB)."""
+    try:
+        gb = float(os.environ.get("KB_GYM_EXTENSIONS_MAX_GB", DEFAULT_MAX_GB))
+    except ValueError:
+        gb = DEFAULT_MAX_GB
+    return int(max(gb, 0.0) * (1 << 30))
+
+
+def entries(root: Path) -> list[tuple[float, int, Path]]:
+    """The complete entries under ``root``: (last used, bytes, folder), least recently used first."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(root) as listing:
+        for item in listing:
+            if item.name.startswith(".") or not item.is_dir(follow_symlinks=False):
+                continue
+            marker = Path(item.path) / MARKER
+            try:
+                used = marker.stat().st_mtime
+                text = marker.read_text()
+            except OSError:
+                continue  # half-written: never loaded, never counted
+            size = int(text) if text.isdigit() else _du(Path(item.path))  # kept before sizes were recorded
+            found.append((used, size, Path(item.path)))
+    return sorted(found)
+
+
+def _du(folder: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def evict(root: Path, limit: int) -> list[Path]:
+    """Remove the least recently used entries until the cache holds at most ``limit`` bytes (down to 80% of it
+    once it is over). One judge of the host evicts at a time; an entry goes by its marker first (a judge
+    restoring it then misses), then out of sight by a rename, then from the disk."""
+    found = entries(root)
+    total = sum(size for _, size, _ in found)
+    if total <= limit:
+        return []
+    gone = []
+    fd = os.open(root / ".evict.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []  # another judge is evicting
+        for _, size, folder in found:
+            if total <= limit * _EVICT_TO:
+                break
+            with contextlib.suppress(OSError):
+                (folder / MARKER).unlink()
+                trash = root / f".{folder.name}.{os.getpid()}.evicted"
+                os.replace(folder, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                gone.append(folder)
+                total -= size
+    finally:
+        os.close(fd)
+    return gone
 
 
 def discard(source: str, tools: str) -> None:
@@ -173,11 +251,17 @@ def discard(source: str, tools: str) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-def _copy_regular_files(src: Path, dst: Path) -> None:
+class _TooLarge(Exception):
+    """A build folder over ENTRY_MAX_BYTES: not kept."""
+
+
+def _copy_regular_files(src: Path, dst: Path, max_total: int | None = None) -> int:
     """Folders opened one by one from their parent's descriptor, never through a link (os.fwalk), and files
     opened relative to their folder's descriptor: nothing is resolved by path twice. A path walk opened
     ``folder/name`` by name after listing it, and a runner that swapped the folder for a link to a host folder
-    mid-copy got that folder's files into its cache entry (round 5)."""
+    mid-copy got that folder's files into its cache entry (round 5). Sparse files are skipped; past
+    ``max_total`` bytes in all, _TooLarge. Returns the bytes copied."""
+    total = 0
     for folder, _dirs, files, dir_fd in os.fwalk(src, follow_symlinks=False):
         rel = Path(folder).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
@@ -190,10 +274,19 @@ def _copy_regular_files(src: Path, dst: Path) -> None:
                 continue  # a link, or gone
             with os.fdopen(fd, "rb") as fh:
                 info = os.fstat(fh.fileno())
-                if not stat.S_ISREG(info.st_mode):
+                if not stat.S_ISREG(info.st_mode) or _sparse(info):
                     continue
+                total += info.st_size
+                if max_total is not None and total > max_total:
+                    raise _TooLarge(f"the build folder holds more than {max_total:,} bytes")
                 with open(dst / rel / name, "wb") as out:
                     shutil.copyfileobj(fh, out, 1 << 20)
             # ninja compares modification times: the copy keeps the build's
             os.utime(dst / rel / name, ns=(info.st_atime_ns, info.st_mtime_ns))
             os.chmod(dst / rel / name, info.st_mode & 0o755)
+    return total
+
+
+def _sparse(info: os.stat_result) -> bool:
+    """Whether a file holds far fewer blocks than its size (small files may live in their inode: no block)."""
+    return info.st_size > 1 << 16 and info.st_blocks * 512 < info.st_size // 2

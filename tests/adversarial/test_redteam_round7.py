@@ -139,8 +139,6 @@ def _allocated(folder: Path) -> int:
     return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: the build cache's copy writes a runner's sparse files out whole "
-                   "(1 GB of host disk per file, outside the disk watchdog, kept after the runner)")
 def test_sparse_files_in_the_build_folder_are_not_written_out_whole(monkeypatch, tmp_path):
     cache = tmp_path / "extensions"
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(cache))
