@@ -380,6 +380,8 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
     it: their few inputs can all fall where the fp32 reference is exact, and then a kernel more exact than the
     reference failed on a timed call (found on the H200: a float64-accumulating mat-vec at K = 65536)."""
 
+    previous: list[torch.Tensor] = []  # the last timed call's answer, on a degenerate problem (small outputs)
+
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
         if isinstance(cand_out, SampledOutputs):
             ref_pieces, why = reference_pieces(flatten_outputs(ref_out), cand_out)
@@ -387,10 +389,18 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
                 return why
             cmp = compare_outputs([values for _, _, values in cand_out.chunks], ref_pieces, atol, rtol)
             return None if cmp.ok else f"on chunks drawn after the call: {cmp.reason}"
-        cmp = compare_outputs(cand_out, ref_out, atol, rtol)
-        if not cmp.ok and near_miss(cmp):
+        # Where another input's answer passes the tolerance (the trials found the problem degenerate), a timed
+        # output is held, as a trial's, within 0.3x the distance between this answer and the last one: else
+        # an answer memorised once the trials were over passed every timed call (round 7: 5-7x, correct).
+        degenerate = "degenerate_problem" in result.get("flags", ())
+        others = previous[:] if degenerate else []
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol, other_answers=others)
+        if not cmp.ok and near_miss(cmp):  # the float64 second opinion holds it to the other answer too
             inputs = make_inputs(ref_mod, seed, device, dtype)
-            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state)
+            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, None, others)
+        if degenerate:
+            answers = [r for r in flatten_outputs(ref_out) if r.is_floating_point()]
+            previous[:] = answers if sum(r.numel() for r in answers) <= 1 << 24 else []
         return None if cmp.ok else cmp.reason
 
     return check

@@ -3,8 +3,9 @@ the judge cannot build, the burst's replies.
 
 Each test asserts the verdict a sound judge gives the attack (and, where it matters, that the next honest
 evaluation on the same Evaluator is judged as on a fresh one). An attack that got through when this pass was made
-is kept, marked ``xfail(strict=True)`` with one line on how it gets through, until the judge is fixed. All run with
-``integrity="off"`` (the design must hold when a static check misses).
+was marked ``xfail(strict=True)`` until the judge was fixed: all five that got through (a memorised answer in timed
+calls, sparse files in the build cache, three replies the judge could not decode) are stopped since (session 17).
+All run with ``integrity="off"`` (the design must hold when a static check misses).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ _runner = [m for m in list(_mods.values()) if "Runner" in vars(m) and "timed_cal
 # Fix: check timed outputs with the same guard as the trials, e.g. pass the previous pair's reference output
 # (and the trials' answers) as ``other_answers`` in timed_output_check, or keep the relative bound the trials
 # derived for the problem (0.3x the answer distance) and hold every timed output to it.
+# Stopped since (session 17): on a problem the trials found degenerate, a timed output is compared with the last
+# timed call's answer as the other answer (its float64 second opinion too): incorrect, timing_mismatch.
 
 MEAN_NEAR_ONE = Problem(id=7, name="7_MeanNearOne", level=1, code='''
 import torch
@@ -103,8 +106,6 @@ def test_the_near_constant_problem_is_judged_sanely_for_an_honest_kernel(ev):
     assert r.speedup is not None and r.speedup < 2.5, r.speedup
 
 
-@pytest.mark.xfail(strict=True, reason="round 7: timed outputs are checked without the trials' other-answers "
-                   "guard; a memorised answer passes every timed call of a degenerate problem (5-6x, correct)")
 def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev):
     r = ev.evaluate(MEAN_NEAR_ONE, MEMORISED_AFTER_THE_RERUN, config=TIMED)
     assert r.status == "incorrect" and "timing_mismatch" in r.flags, (r.status, r.error, r.speedup, r.flags)
@@ -125,6 +126,8 @@ def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev)
 # Fix: in _copy_regular_files, skip (or refuse to keep) files whose size exceeds their allocated blocks (or copy
 # holes as holes: os.lseek SEEK_DATA/SEEK_HOLE, copy_file_range), and bound a kept entry's total bytes by the
 # disk limit, dropping the entry beyond it.
+# Stopped since (session 17): sparse files are never copied, an entry holds at most 1 GB, and the whole cache is
+# held under KB_GYM_EXTENSIONS_MAX_GB by evicting the least recently used entries.
 
 SPARSE_BUILD = cand('''
 import os
@@ -165,6 +168,8 @@ def test_sparse_files_in_the_build_folder_are_not_written_out_whole(monkeypatch,
 # a burst reply (burst_outputs) reaches the same decode from the timing stage, where job._timing reports it as
 # "the baseline failed while timing". Fix: build the empty tensor from a checked shape (or catch RuntimeError in
 # decode as a WireError), e.g. reject shapes whose strides overflow int64 (the product of all dims but one).
+# Stopped since (session 17): expected_nbytes refuses shapes whose strides overflow or with over 64 dimensions,
+# and decode turns anything torch refuses to build into a WireError: the candidate's incorrect.
 
 OVERFLOWING_SHAPE = [0, 1 << 39, 1 << 39]
 STRIDE_OVERFLOW = cand(RUNNER + f'''
@@ -219,6 +224,7 @@ def test_an_overflowing_shape_in_a_burst_reply_is_the_candidates_verdict(ev):
 # WireError handling, and job._timing turns it into "the baseline failed while timing: ... AttributeError"
 # (runtime_error): the reference is blamed for the candidate's reply. No judge restart on the CPU (restart follows
 # sticky_cuda_error). Fix: check that every described item is a dict (WireError otherwise), as expected_nbytes does.
+# Stopped since (session 17): it is.
 
 CHUNKS_NOT_OBJECTS = cand(RUNNER + '''
 def _chunks(self, msg):
