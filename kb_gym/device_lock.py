@@ -47,6 +47,12 @@ class DeviceLock:
         self._threads = threading.Lock()
         self.path = lock_dir() / f"gpu-{physical_gpu(device)}.lock" if host_wide else None
         self._fd: int | None = None
+        self._quiet_turn = threading.Condition()
+        self._loads = self._quiet_waiting = 0
+        self._quiet_held = False
+        self._quiet_path = self.path.with_suffix(".quiet") if self.path is not None else None
+        self._load_fds: list[int] = []
+        self._quiet_fd: int | None = None
 
     def acquire(self) -> None:
         self._threads.acquire()
@@ -67,6 +73,64 @@ class DeviceLock:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+    # --- quiet: a baseline-only job times the reference with no candidate loading beside it ----------------
+    # Loading runs outside the device lock (so compiling overlaps timing), and a candidate's import is its own
+    # code: one that kept the host busy while another worker timed a baseline-only job had that baseline cached
+    # 3x too slow, and every later honest copy of the reference on that problem got 3.7x (red team round 8).
+    # Loads hold the quiet lock shared, from a job's start to its device grant; a baseline-only job holds it
+    # exclusively, with priority over new loads (a waiting one blocks them), so it waits at most for the loads
+    # already running.
+
+    def begin_load(self) -> None:
+        with self._quiet_turn:
+            while self._quiet_waiting or self._quiet_held:
+                self._quiet_turn.wait()
+            self._loads += 1
+        if self._quiet_path is not None:
+            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX)  # waits behind a quiet job
+            fd = _flock(self._quiet_path, fcntl.LOCK_SH)
+            os.close(gate)
+            with self._quiet_turn:
+                self._load_fds.append(fd)
+
+    def end_load(self) -> None:
+        with self._quiet_turn:
+            self._loads -= 1
+            fd = self._load_fds.pop() if self._load_fds else None
+            self._quiet_turn.notify_all()
+        if fd is not None:
+            os.close(fd)
+
+    def begin_quiet(self) -> None:
+        with self._quiet_turn:
+            self._quiet_waiting += 1
+            while self._loads or self._quiet_held:
+                self._quiet_turn.wait()
+            self._quiet_waiting -= 1
+            self._quiet_held = True
+        if self._quiet_path is not None:
+            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX)  # new loads wait from here
+            self._quiet_fd = _flock(self._quiet_path, fcntl.LOCK_EX)
+            os.close(gate)
+
+    def end_quiet(self) -> None:
+        if self._quiet_fd is not None:
+            os.close(self._quiet_fd)
+            self._quiet_fd = None
+        with self._quiet_turn:
+            self._quiet_held = False
+            self._quiet_turn.notify_all()
+
+
+def _flock(path: Path, how: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class GpuClaim:

@@ -210,18 +210,31 @@ class WorkerHandle:
         """
         self.ensure_started()
         self.jobs += 1
-        if self.device_lock is not None:
+        lock = self.device_lock
+        if lock is not None:
             job = {**job, "device_lock": True}
         held_since: list[float] = []
+        # A baseline-only job is timed with no candidate loading beside it; a candidate's job counts as loading
+        # until its device grant (device_lock.py, quiet).
+        quiet = lock is not None and job.get("source") is None
+        loading = [lock is not None and not quiet]
+        if quiet:
+            lock.begin_quiet()
+        elif loading[0]:
+            lock.begin_load()
         try:
-            return self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since)
+            return self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since, loading)
         finally:
+            if loading[0]:
+                lock.end_load()
+            if quiet:
+                lock.end_quiet()
             if held_since:
                 self.lock_intervals.append((held_since[0], time.monotonic()))
-                self.device_lock.release()
+                lock.release()
 
     def _run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
-             disk_limit_mb: float, held_since: list[float]) -> dict[str, Any]:
+             disk_limit_mb: float, held_since: list[float], loading: list[bool]) -> dict[str, Any]:
         mark = self.drain.mark()
         stage = "load"
         stage_started = time.monotonic()
@@ -266,6 +279,9 @@ class WorkerHandle:
                 stage_started = time.monotonic()
                 continue
             if msg.get("type") == "acquire":
+                if loading[0]:  # its load is over: a baseline-only job waiting to time may start
+                    loading[0] = False
+                    self.device_lock.end_load()
                 if self.device_lock is not None and not held_since:
                     self.device_lock.acquire()  # the wait is not the worker's time: the clock restarts
                     held_since.append(time.monotonic())

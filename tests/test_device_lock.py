@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -83,3 +84,59 @@ def test_an_unknown_sharing_mode_is_one_clear_error():
 
     with pytest.raises(ValueError, match="gpu_sharing must be one of"):
         Evaluator("cpu", gpu_sharing="share", results_path=False)
+
+
+@pytest.mark.parametrize("host_wide", [False, True])
+def test_a_quiet_job_waits_for_running_loads_and_new_loads_wait_for_it(host_wide):
+    """A baseline-only job times with no candidate loading beside it (red team round 8): it waits for the loads
+    already running, and a load that starts while it waits or runs waits for it."""
+    lock = DeviceLock("cuda:0", host_wide=host_wide)
+    events: list[str] = []
+    lock.begin_load()
+
+    def quiet() -> None:
+        lock.begin_quiet()
+        events.append("quiet")
+        time.sleep(0.2)
+        events.append("quiet done")
+        lock.end_quiet()
+
+    def load() -> None:
+        lock.begin_load()
+        events.append("second load")
+        lock.end_load()
+
+    q = threading.Thread(target=quiet)
+    q.start()
+    time.sleep(0.2)
+    second = threading.Thread(target=load)
+    second.start()
+    time.sleep(0.2)
+    assert events == []  # the quiet job waits for the first load; the second load waits behind the quiet job
+    events.append("first load done")
+    lock.end_load()
+    q.join(5)
+    second.join(5)
+    assert events == ["first load done", "quiet", "quiet done", "second load"]
+
+
+def test_a_quiet_job_waits_for_a_load_in_another_process():
+    holder = _holder("""
+        import time
+        from kb_gym.device_lock import DeviceLock
+        lock = DeviceLock("cuda:0")
+        lock.begin_load()
+        print("holding", flush=True)
+        time.sleep(60)
+    """)
+    lock = DeviceLock("cuda:0")
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: (lock.begin_quiet(), got.set()))
+    waiter.start()
+    try:
+        assert not got.wait(0.5)  # the other Evaluator's candidate is loading
+    finally:
+        holder.kill()
+        holder.wait()
+    assert got.wait(5)
+    lock.end_quiet()

@@ -14,6 +14,7 @@ import hashlib
 from concurrent.futures import Future
 from typing import Any
 
+from kb_gym.evaluator import MAX_TEXT_CHARS
 from kb_gym.extract import extract_code
 from kb_gym.problems import Problem
 
@@ -22,6 +23,10 @@ DEDUP_SCOPES = ("off", "batch", "run")
 
 def program_key(problem_key: str, text: str) -> str:
     """What makes two answers the same candidate: the problem and the program the evaluator will extract."""
+    if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
+        # refused on the text itself, whatever program it holds: its own key, never a short sibling's verdict
+        body = "\x00refused\x00" + (text if isinstance(text, str) else repr(type(text)))
+        return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
     code = extract_code(text).code
     body = code if code is not None else "\x00no-code\x00" + text
     return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
