@@ -133,9 +133,10 @@ def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
 # After a load that built something, the judge holds the runner's tree stopped to copy its build folder into the
 # cache; the hold is lenient (a GPU driver's thread in uninterruptible sleep is no verdict), so a tree that never
 # stood still made the judge wait out the hold's 2 s settle time and then copy nothing: 2 s of the judge per try,
-# for any source that names the extension builder and starts a child with a SIGCONT timer. Fixed: the hold waits
-# 0.25 s (job.KEEP_SETTLE_SECONDS) and the build is kept once the runner's whole tree is gone instead (nothing of
-# the candidate can change the folder then), before its scratch folder is removed.
+# for any source that names the extension builder and starts a child with a SIGCONT timer. Now the build is kept
+# once the runner's whole tree is gone instead (nothing of the candidate can change the folder then), before its
+# scratch folder is removed. The 2 s wait stays (job.KEEP_SETTLE_SECONDS: 0.25 s let round 2's calibration poison
+# through in 2 of 3 local runs, cause not found).
 
 UNSTILL_BUILDER = cand(UNFREEZABLE + '''
 import os, time
@@ -162,9 +163,8 @@ def test_a_build_whose_tree_never_stands_still_is_kept_when_the_runner_is_gone(m
         first = fresh.evaluate(GELU, UNSTILL_BUILDER, config=CHECK)
         second = fresh.evaluate(GELU, UNSTILL_BUILDER, config=CHECK)
         honest_after(fresh)
-    assert first.status == "correct" and first.worker["build_kept"] == "at_exit", (first.status, first.error,
-                                                                                     first.worker.get("build_kept"))
-    # the hold waited its 0.25 s, not 2 s (load of a Python source: well under a second here)
-    assert first.stage_seconds["load"] < 2.0, first.stage_seconds
+    # "at_exit" where the hold never saw the tree still; with the 2 s wait it often does ("at_load")
+    assert first.status == "correct" and first.worker["build_kept"] in ("at_load", "at_exit"), (
+        first.status, first.error, first.worker.get("build_kept"))
     assert second.worker["build_cached"] and second.status == "compile_error", (second.status, second.worker)
     assert "restored: built in the first runner" in second.error
