@@ -161,4 +161,5 @@ def test_largest_parsed_source_is_fast():
     text = text[: text.rfind("\nimport torch\n")]
     start = time.perf_counter()
     static_findings(text)
-    assert time.perf_counter() - start < 1.0
+    # a guard against blow-ups (minutes), not a target: about 0.7 s unloaded here, so room for a loaded CI machine
+    assert time.perf_counter() - start < 4.0
