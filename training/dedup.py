@@ -26,9 +26,9 @@ def program_key(problem_key: str, text: str) -> str:
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         # refused on the text itself, whatever program it holds: its own key, never a short sibling's verdict
         body = "\x00refused\x00" + (text if isinstance(text, str) else repr(type(text)))
-        return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
-    code = extract_code(text).code
-    body = code if code is not None else "\x00no-code\x00" + text
+    else:
+        code = extract_code(text).code
+        body = code if code is not None else "\x00no-code\x00" + text
     return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
 
 

@@ -53,6 +53,10 @@ def note_reply(reply: CallReply, result: dict[str, Any], counts: dict[str, Any])
         result["flags"].append("precision_change")
 
 
+# An answer is kept to test the next one against (trials, and timed calls on a degenerate problem) up to this size.
+KEPT_ANSWER_ELEMENTS = 1 << 24
+
+
 def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dict[str, Any],
                state: dict[str, Any], floor_ms: Any) -> None:
     device, dtype, atol, rtol = setup.device, setup.dtype, setup.atol, setup.rtol
@@ -121,7 +125,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         # The last trial's answer, as a shortcut that ignores its inputs would return it: where it
         # passes, the output barely depends on the inputs (a mean over 1e8 values) and is held to
         # a relative error well below how far it moves between inputs. Kept only when small.
-        small = sum(r.numel() for r in refs) <= 1 << 24
+        small = sum(r.numel() for r in refs) <= KEPT_ANSWER_ELEMENTS
         previous = answers if small else []
         # Not after a float64 verdict: against this fp32 answer the output fails by construction.
         earlier = (flatten_outputs(cand_out), refs) if small and not by_float64 else None

@@ -25,7 +25,7 @@ import torch
 from kb_gym.worker import build_cache, burst, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.correctness import TrialSetup, run_trials
+from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, run_trials
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
@@ -192,9 +192,9 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
-            keep_at_exit = state.get("keep_at_exit")
-            runner.kill(keep=(lambda scratch: build_cache.keep(keep_at_exit[0], scratch / "ext", keep_at_exit[1]))
-                        if keep_at_exit else None)
+            runner.kill(keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext",
+                                                               build_cache.toolchain(ctx.device)))
+                        if state.get("build_kept") == "at_exit" else None)
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -264,7 +264,6 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                             build_cache.keep(job["source"], runner.scratch / "ext", tools)
                             state["build_kept"] = "at_load"
                         else:  # kept once the tree is gone instead (run_job), at no further wait of the judge
-                            state["keep_at_exit"] = (job["source"], tools)
                             state["build_kept"] = "at_exit"
                 except StageError:  # its processes ran during the copy: what was copied is not kept
                     build_cache.discard(job["source"], tools)
@@ -402,7 +401,7 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
             cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, None, others)
         if degenerate:
             answers = [r for r in flatten_outputs(ref_out) if r.is_floating_point()]
-            previous[:] = answers if sum(r.numel() for r in answers) <= 1 << 24 else []
+            previous[:] = answers if sum(r.numel() for r in answers) <= KEPT_ANSWER_ELEMENTS else []
         return None if cmp.ok else cmp.reason
 
     return check
