@@ -115,3 +115,19 @@ def test_an_excess_the_second_calibration_leaves_is_timed_again_and_the_smaller_
     assert wrong.mismatch == "zeros"
     late = paired(2.7)
     assert job._retime(late, lambda cal: paired(2.25), clock.monotonic() + 0.5) is late and not late.retimed
+
+
+def test_the_envelope_says_how_old_the_calibration_that_judged_it_is():
+    """A problem's calibration is kept for its next candidates (job.CALIBRATION_TTL_S), unless the candidate
+    beside which it was measured ran while held: the result tells which evaluation measured the one used."""
+    import time as clock
+
+    def envelope(calibration: timing.Calibration | None) -> dict:
+        cand = timing.Side(event_ms=[1.0] * 4, envelope_ms=[1.5] * 4)
+        return timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), cand, 4, 0.1, calibration, "cpu").summary()[
+            "envelope"]
+
+    kept = envelope(timing.Calibration(0.4, 0.05, measured_at=clock.monotonic() - 30.0))
+    assert 30.0 <= kept["calibration_age_s"] < 40.0
+    assert envelope(timing.Calibration(0.4, 0.05))["calibration_age_s"] < 5.0
+    assert envelope(None)["calibration_age_s"] is None

@@ -511,7 +511,8 @@ def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_m
     first = timing.calibration
     if fresh is None or first is None:
         return
-    timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms))
+    timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms),
+                                     min(first.measured_at, fresh.measured_at))
     timing.second_calibration = True
 
 

@@ -57,6 +57,9 @@ class Calibration:
 
     overhead_ms: float
     spread_ms: float
+    # time.monotonic() when measured: a problem's calibration is kept for its next candidates (job.py), and its age
+    # in a result says whether this evaluation measured its own or was judged against one measured before
+    measured_at: float = field(default_factory=time.monotonic, compare=False)
 
 
 @dataclass
@@ -133,6 +136,8 @@ class PairedTiming:
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
                              "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
                              "calibrated": self.calibration is not None, "counted": hidden,
+                             "calibration_age_s": (time.monotonic() - self.calibration.measured_at
+                                                   if self.calibration else None),
                              "second_calibration": self.second_calibration, "retimed": self.retimed,
                              "burst": self.burst.to_dict() if self.burst else None})
         return out

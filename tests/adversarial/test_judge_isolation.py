@@ -14,11 +14,13 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 
 import pytest
 
-from kb_gym import EvalConfig, Evaluator, Problem
+from kb_gym import EvalConfig, EvalResult, Evaluator, Problem
+from kb_gym.problems import reference_as_candidate
 
 # The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
@@ -69,6 +71,25 @@ def honest_after(ev: Evaluator, config: EvalConfig = CHECK) -> None:
     assert r.status == "correct", (r.status, r.error)
     # the envelope and the runner's overhead in the message: a side_stream here is a false alarm to explain
     assert set(r.flags) <= {"no_custom_kernel"}, (r.flags, r.correctness.get("envelope"), r.worker.get("overhead_ms"))
+
+
+def next_after_poison(ev: Evaluator, problem: Problem, first: EvalResult, config: EvalConfig) -> EvalResult:
+    """The honest reference evaluated right after ``first``, a candidate that poisoned the spare's calibration of
+    ``problem``: it is correct, and it is not judged against what was measured beside the candidate. Where the
+    candidate was caught running while held, nothing measured then may be kept, so the next measured its own
+    calibration (its age is under the next evaluation's own time): an exact check where the tolerance's size is
+    not (an honest one is 2 ms on a quiet machine and 4-14 ms on a loaded 2-core one, as a poisoned one can be).
+    Where it was not caught, the calibration may be kept and must be as tight as an honest one."""
+    started = time.monotonic()
+    r = ev.evaluate(problem, reference_as_candidate(problem), config=config)
+    elapsed = time.monotonic() - started
+    assert r.status == "correct", (r.status, r.error)
+    envelope = r.correctness["envelope"]
+    if first.status == "runtime_error" and "ran while the judge held" in (first.error or ""):
+        assert envelope["calibration_age_s"] < elapsed, (envelope, elapsed)
+    else:  # honest: ~4.4 ms of overhead and 2 ms of tolerance quiet, up to 12.3 and 4.5 on loaded CI runs
+        assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, (envelope, first.status)
+    return r
 
 
 # --- the candidate shares no process with the harness ------------------------------------------

@@ -14,11 +14,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after
+from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after, next_after_poison
 from test_redteam_round4 import FIND_RUNNER, GELU_FORWARD
 
 from kb_gym import Evaluator, Problem
-from kb_gym.problems import reference_as_candidate
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 ON_CPU = DEVICE == "cpu"
@@ -136,15 +135,10 @@ def test_a_process_resumed_by_its_own_sigcont_timer_does_not_escape_the_freeze(e
 
 
 def test_a_calibration_poisoned_through_a_sigcont_timer_does_not_judge_the_next(ev):
+    # Poisoned (before the held-stopped check): 8.6-22 ms of overhead and 7-20 of tolerance, against an honest 4.4
+    # and 2 on a quiet machine; the size alone does not separate the two on a loaded one (next_after_poison).
     problem = _fresh_gelu("sigcont_next", 512)
-    ev.evaluate(problem, POISON_ONLY, config=TIMED)
-    r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
-    assert r.status == "correct", (r.status, r.error)
-    envelope = r.correctness["envelope"]
-    # honest: ~4.4 ms of overhead and 2 ms of tolerance on a quiet machine; on loaded 2-core CI runs up to 12.3
-    # and 4.5. Poisoned: 8.6-22 and 7-20. The tolerance separates the two under load; the overhead bound only
-    # catches gross poison.
-    assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, envelope
+    next_after_poison(ev, problem, ev.evaluate(problem, POISON_ONLY, config=TIMED), TIMED)
 
 
 # --- 2. memory in System V segments that no process has attached ---------------------------------------------

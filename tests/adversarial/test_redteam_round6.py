@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after
+from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after, next_after_poison
 from test_redteam_round4 import FIND_RUNNER
 from test_redteam_round5 import UNFREEZABLE, _fresh_gelu
 
 from kb_gym import Evaluator
-from kb_gym.problems import reference_as_candidate
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
@@ -49,10 +48,13 @@ BANKED = UNFREEZABLE + '''
 
 def _await_hold(nth=2):
     """The nth time the runner is held stopped: the first is the build cache's copy after the load (which the
-    timer dodges: the judge never sees the tree still and copies nothing), the second the spare's calibration."""
-    for _ in range(nth):
-        while _runner_stopped():
-            time.sleep(0.001)
+    timer dodges: the judge never sees the tree still and copies nothing), the second the spare's calibration.
+    A hold under way at the first look counts (a bank that signalled "done" can be scheduled again only once the
+    copy's 2 s hold began: on a loaded machine, skipping it made the calibration the first, and the attack missed)."""
+    for k in range(nth):
+        if k:
+            while _runner_stopped():
+                time.sleep(0.001)
         while not _runner_stopped():
             time.sleep(0.001)
 
@@ -118,14 +120,12 @@ def test_a_tree_that_ran_while_held_is_caught_even_when_some_of_it_exits(ev):
 
 
 def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
+    # poisoned: 22 ms of overhead and 11 of tolerance, against an honest 4.2 and 2 on a quiet machine (and up to
+    # 14 of tolerance on a loaded 2-core one, as CI's: next_after_poison checks which calibration judged it)
     problem = _fresh_gelu("banked_next", 512)
     first = ev.evaluate(problem, BANKED_ONLY, config=TIMED)
-    r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
-    assert r.status == "correct", (r.status, r.error)
-    envelope = r.correctness["envelope"]
-    # honest: ~4.2 ms of overhead, 2 ms tolerance (up to 12.3 and 4.5 seen on loaded 2-core CI machines);
-    # poisoned: 22 and 11. The bounds sit between the two, with room for the load a CI machine adds.
-    assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, (envelope, first.status)
+    assert first.status == "runtime_error", (first.status, first.error)
+    next_after_poison(ev, problem, first, TIMED)
 
 
 # --- 2. a tree that never stands still during the build cache's hold: 2 s of the judge a try ---------------------
