@@ -18,6 +18,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 SHARING_MODES = ("wait", "refuse", "off")
@@ -102,17 +103,33 @@ class DeviceLock:
         if fd is not None:
             os.close(fd)
 
-    def begin_quiet(self) -> None:
+    def begin_quiet(self, timeout: float | None = None) -> bool:
+        """Whether the quiet was had (True: held until ``end_quiet``). False once ``timeout`` seconds passed with
+        loads still running (a candidate can sleep in its import for its whole load limit): nothing is held
+        then, new loads go on, and the caller's timing is not quiet (the evaluator keeps none of it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._quiet_turn:
             self._quiet_waiting += 1
-            while self._loads or self._quiet_held:
-                self._quiet_turn.wait()
-            self._quiet_waiting -= 1
+            try:
+                while self._loads or self._quiet_held:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._quiet_turn.wait(left)
+            finally:
+                self._quiet_waiting -= 1
+                self._quiet_turn.notify_all()  # loads held back by this wait go on if it ends here
             self._quiet_held = True
         if self._quiet_path is not None:
-            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX)  # new loads wait from here
-            self._quiet_fd = _flock(self._quiet_path, fcntl.LOCK_EX)
-            os.close(gate)
+            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX, deadline)  # new loads wait
+            fd = _flock(self._quiet_path, fcntl.LOCK_EX, deadline) if gate is not None else None
+            if gate is not None:
+                os.close(gate)
+            if fd is None:  # loads of another process outlasted the wait
+                self.end_quiet()
+                return False
+            self._quiet_fd = fd
+        return True
 
     def end_quiet(self) -> None:
         if self._quiet_fd is not None:
@@ -123,14 +140,23 @@ class DeviceLock:
             self._quiet_turn.notify_all()
 
 
-def _flock(path: Path, how: int) -> int:
+def _flock(path: Path, how: int, deadline: float | None = None) -> int | None:
+    """An open descriptor holding ``flock(how)`` on ``path``; None where ``deadline`` (time.monotonic()) passed
+    first."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, how)
+        while True:
+            try:
+                fcntl.flock(fd, how if deadline is None else how | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.01)
     except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 class GpuClaim:

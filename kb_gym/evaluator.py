@@ -32,6 +32,9 @@ from kb_gym.store import ResultsStore, default_results_path
 from kb_gym.workers import WorkerDied, WorkerHandle
 
 MAX_TEXT_CHARS = 1_000_000
+# After a baseline-only job's wait for quiet was cut, the problem's candidates time their own baseline this long
+# instead of each waiting for a quiet again (a candidate sleeping through its load limit would stall every one)
+UNQUIET_BACKOFF_S = 120.0
 
 
 def resolve_devices(devices: str | Sequence[str] = "auto") -> list[str]:
@@ -145,6 +148,7 @@ class Evaluator(EvaluationAPI):
         self._workers = [WorkerHandle(d, locks.get(d)) for d in self.devices for _ in range(workers_per_device)]
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._unquiet: dict[str, float] = {}  # problem code hash -> when its baseline-only job's quiet was cut
         self._closed = False
         self._job_counter = 0
 
@@ -303,7 +307,7 @@ class Evaluator(EvaluationAPI):
         limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
         reuse = job["source"] is not None and self._reuses_baselines(handle, cfg)
         job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if reuse else None
-        if reuse and job["cached_baseline"] is None:
+        if reuse and job["cached_baseline"] is None and not self._unquiet_lately(problem, cfg):
             # The cache is filled only by baseline-only jobs, timed with no candidate's processes alive (round 4:
             # a baseline timed beside a candidate's children, which a freeze cannot stop in the kernel, was kept
             # and inflated later candidates' speedups). A miss costs one such job, once per problem and hardware.
@@ -340,11 +344,23 @@ class Evaluator(EvaluationAPI):
         if findings:  # notes and speed-credit flags; rejections never reach a worker
             result.findings = [f.to_dict() for f in findings]
             result.flags = sorted(set(result.flags) | {f.flag for f in findings})
-        if job["source"] is None:
+        if job["source"] is None and raw.get("timed_beside_loads"):
+            # its wait for the device's loads to end was cut (workers.QUIET_WAIT_S): kept nowhere, and for a
+            # while the problem's candidates time their own baseline rather than wait for a quiet again
+            result.worker["timed_beside_loads"] = True
+            with self._lock:
+                self._unquiet[problem.code_hash] = time.monotonic()
+        elif job["source"] is None:
             self._record_baseline(problem, cfg, result)
         if not implicit:
             self._finish(result, log_tail, cfg)
         return result
+
+    def _unquiet_lately(self, problem: Problem, cfg: EvalConfig) -> bool:
+        """Whether a baseline-only job of this problem was lately cut short of its quiet (loads ran on)."""
+        with self._lock:
+            cut = self._unquiet.get(problem.code_hash)
+        return cut is not None and time.monotonic() - cut < UNQUIET_BACKOFF_S
 
     def _reuses_baselines(self, handle: WorkerHandle, cfg: EvalConfig) -> bool:
         if not (cfg.reuse_cached_baseline and self.baselines is not None):

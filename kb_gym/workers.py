@@ -24,6 +24,10 @@ LOG_TAIL_BYTES = 16 * 1024
 STARTUP_TIMEOUT = 300.0
 POLL_SECONDS = 0.25
 DISK_POLL_SECONDS = 1.0  # a walk of the scratch folder: cheap, but not every memory poll
+# A baseline-only job waits at most this long for the device's running loads to end (device_lock.py, quiet):
+# most honest loads end well within it (a cold CUDA build may not: that baseline is then timed paired); one that
+# sleeps through its load limit holds the device's baseline-only jobs and new loads no longer
+QUIET_WAIT_S = 30.0
 JUDGE_GRACE = 10.0  # seconds past a stage's limit before the judge itself is taken for hung
 
 
@@ -216,14 +220,16 @@ class WorkerHandle:
         held_since: list[float] = []
         # A baseline-only job is timed with no candidate loading beside it; a candidate's job counts as loading
         # until its device grant (device_lock.py, quiet).
-        quiet = lock is not None and job.get("source") is None
-        loading = [lock is not None and not quiet]
-        if quiet:
-            lock.begin_quiet()
-        elif loading[0]:
+        baseline_only = lock is not None and job.get("source") is None
+        loading = [lock is not None and not baseline_only]
+        quiet = baseline_only and lock.begin_quiet(QUIET_WAIT_S)
+        if loading[0]:
             lock.begin_load()
         try:
-            return self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since, loading)
+            result = self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since, loading)
+            if baseline_only and not quiet:  # timed beside loads that outlasted the wait: not kept (evaluator)
+                result["timed_beside_loads"] = True
+            return result
         finally:
             if loading[0]:
                 lock.end_load()

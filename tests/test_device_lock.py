@@ -140,3 +140,71 @@ def test_a_quiet_job_waits_for_a_load_in_another_process():
         holder.wait()
     assert got.wait(5)
     lock.end_quiet()
+
+
+@pytest.mark.parametrize("host_wide", [False, True])
+def test_a_quiet_wait_outlasted_by_a_load_is_cut_and_holds_nothing(host_wide):
+    """A candidate can sleep in its import for its whole load limit: the baseline-only job's wait is cut at its
+    timeout (it gets no quiet), and the loads its wait held back go on at once."""
+    lock = DeviceLock("cuda:0", host_wide=host_wide)
+    lock.begin_load()  # the sleeper
+    started = time.monotonic()
+    assert lock.begin_quiet(timeout=0.3) is False
+    assert 0.3 <= time.monotonic() - started < 2.0
+    second = threading.Thread(target=lambda: (lock.begin_load(), lock.end_load()))
+    second.start()
+    second.join(2)
+    assert not second.is_alive()  # nothing of the cut wait is held
+    lock.end_load()
+    assert lock.begin_quiet(timeout=0.3) is True  # and once the loads are over, the quiet is had
+    lock.end_quiet()
+
+
+def test_a_quiet_wait_outlasted_by_another_process_load_is_cut():
+    holder = _holder("""
+        import time
+        from kb_gym.device_lock import DeviceLock
+        lock = DeviceLock("cuda:0")
+        lock.begin_load()
+        print("holding", flush=True)
+        time.sleep(60)
+    """)
+    lock = DeviceLock("cuda:0")
+    try:
+        assert lock.begin_quiet(timeout=0.3) is False
+        lock.begin_load()  # neither the gate nor the quiet file is left held
+        lock.end_load()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_candidate_asleep_in_its_load_does_not_stall_a_problems_first_candidate(tmp_path, monkeypatch):
+    """The first candidate of a problem under ``reuse_cached_baseline`` waits for a baseline-only job, which waits
+    for quiet: beside a candidate asleep in its import it waited out that candidate's whole load limit. Now the
+    wait is cut (workers.QUIET_WAIT_S), that baseline is kept nowhere, and the candidate times its own."""
+    from kb_gym import EvalConfig, Evaluator, workers
+    from kb_gym.baseline_cache import BaselineCache
+    from kb_gym.problems import load_problems, reference_as_candidate
+
+    monkeypatch.setattr(workers, "QUIET_WAIT_S", 1.0)
+    slept, other = load_problems("builtin", size="cpu")[:2]
+    cfg = EvalConfig(reuse_cached_baseline=True, trials=1, timing_min_reps=3, timing_max_reps=5, timing_warmup=1,
+                     integrity="off", load_timeout=60)
+    cache = BaselineCache(tmp_path / "baselines.json")
+    with Evaluator("cpu", config=cfg, results_path=False, baseline_cache=cache, workers_per_device=2) as ev:
+        ev.warm()
+        asleep = "import time\ntime.sleep(12)\n" + reference_as_candidate(slept)
+        sleeper = ev.submit(slept, asleep, config=cfg.replace(reuse_cached_baseline=False, timing=False))
+        time.sleep(1.0)
+        started = time.monotonic()
+        first = ev.evaluate(other, reference_as_candidate(other))
+        waited = time.monotonic() - started
+        assert not sleeper.done()  # it was still asleep in its import when the first candidate was judged
+        assert first.status == "correct" and first.baseline_cached is False, (first.status, first.error)
+        assert first.ref_runtime_ms is not None  # timed its own baseline, paired
+        assert cache.with_prefix(other.code_hash) == {}  # the baseline timed beside the sleeper is kept nowhere
+        assert sleeper.result().status == "correct"
+        again = ev.evaluate(other, reference_as_candidate(other))  # for a while no wait for quiet is tried again
+        assert again.status == "correct" and cache.with_prefix(other.code_hash) == {}
+    assert waited < 10.0, waited

@@ -51,7 +51,9 @@ def ev():
 # workers' runner trees while a baseline destined for the cache is timed.
 # Stopped since (session 17): the quiet lock (device_lock.DeviceLock.begin_quiet/begin_load): a baseline-only job
 # waits for the loads already running on its device and new loads wait for it. Cached 15.8 ms against 13.0 clean
-# here after the fix (33-44 against 13.3 before). Still open: loads of *other* devices' workers on the host.
+# here after the fix (33-44 against 13.3 before). The wait is bounded (workers.QUIET_WAIT_S, session 18: a candidate
+# asleep in its import stalled it for its load limit); a baseline timed after a cut wait is kept nowhere.
+# Still open: loads of *other* devices' workers on the host.
 
 MATMUL = Problem(id=8, name="8_MatmulGelu", level=1, code='''
 import torch
