@@ -28,6 +28,7 @@ from kb_gym.training.learning_check.corpus import (
     correct_code,
     parse_mix,
     slow_code,
+    solution_for,
 )
 from kb_gym.training.learning_check.eval import run_eval
 from kb_gym.training.learning_check.stats import (
@@ -263,3 +264,22 @@ def test_bad_options_are_one_line_and_exit_code_2(tmp_path, capsys):
 
     assert kb_gym_main(["learning-check", "--out", str(tmp_path), "--phase", "nope"]) == 2  # the subcommand hands on
     assert "unknown phase" in capsys.readouterr().err
+
+
+def test_grpo_can_train_and_read_only_where_the_corpus_holds_a_kernel(tmp_path, capsys):
+    """``--grpo-problems kernels``: GRPO and the in-distribution reading use the train problems whose corpus
+    answer is one of our kernels (a faster answer is within the policy's reach only there); the corpus, and so
+    the supervised phase, still cover every train problem."""
+    from kb_gym.training.learning_check.phases import split_problems, trained_problems
+
+    cfg = LearningCheckConfig(out=str(tmp_path), size="cpu", grpo_problems="kernels")
+    train = split_problems(cfg, "train")
+    kernels = trained_problems(cfg)
+    assert kernels and len(kernels) < len(train)
+    assert {p.key for p in kernels} == {p.key for p in train if solution_for(p, "triton") is not None}
+    assert trained_problems(LearningCheckConfig(out=str(tmp_path), size="cpu")) == train
+    with pytest.raises(ValueError, match="grpo_problems must be one of"):
+        trained_problems(LearningCheckConfig(out=str(tmp_path), size="cpu", grpo_problems="fast"))
+    with pytest.raises(SystemExit) as exit_:  # argparse's own refusal of a choice: exit code 2, one line
+        main(["--out", str(tmp_path), "--grpo-problems", "fast"])
+    assert exit_.value.code == 2 and "--grpo-problems" in capsys.readouterr().err

@@ -69,6 +69,10 @@ class LearningCheckConfig:
     grpo_minutes: float = 6.0
     grpo_batch_size: int = 8
     num_generations: int = 4
+    # the train problems GRPO draws prompts from, and the in-distribution evaluation reads: "all", or "kernels",
+    # those whose corpus answer is one of our kernels (corpus.solution_for): only there can the policy have
+    # learnt a faster answer than the reference, so only there can a group hold one for GRPO to prefer
+    grpo_problems: str = "all"
     grpo_lr: float = 5e-5
     max_completion_length: int = 1536
     save_steps: int = 5

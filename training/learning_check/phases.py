@@ -50,6 +50,7 @@ from kb_gym.training.learning_check.corpus import (
     build_corpus,
     corpus_stats,
     parse_mix,
+    solution_for,
     write_corpus,
 )
 
@@ -60,6 +61,21 @@ def split_problems(cfg: LearningCheckConfig, split: str) -> list[Problem]:
     problems = load_problems(cfg.dataset, size=cfg.size, split=split, device=cfg.eval_devices)
     limit = cfg.train_limit if split == "train" else cfg.test_limit
     return problems[:limit] if limit is not None else problems
+
+
+GRPO_PROBLEMS = ("all", "kernels")
+
+
+def trained_problems(cfg: LearningCheckConfig) -> list[Problem]:
+    """The train problems GRPO trains on and the in-distribution evaluation reads (``cfg.grpo_problems``)."""
+    if cfg.grpo_problems not in GRPO_PROBLEMS:
+        raise ValueError(f"grpo_problems must be one of {', '.join(GRPO_PROBLEMS)}, not {cfg.grpo_problems!r}")
+    problems = split_problems(cfg, "train")
+    if cfg.grpo_problems == "kernels":
+        problems = [p for p in problems if solution_for(p, cfg.backend) is not None]
+        if not problems:
+            raise ValueError(f"no train problem has a {cfg.backend} solution: --grpo-problems kernels has nothing")
+    return problems
 
 
 def run_corpus(cfg: LearningCheckConfig, layout: Layout) -> PhaseResult:
@@ -125,11 +141,12 @@ def run_phase(phase: str, cfg: LearningCheckConfig, layout: Layout, deadline: De
         which, split = EVAL_PHASES[phase]
         if split == "train" and cfg.train_samples <= 0:
             return PhaseResult(phase, "not used", [("why", "--train-samples 0")])
-        return run_eval(cfg, layout, deadline, which, split_problems(cfg, split), split=split)
+        problems = trained_problems(cfg) if split == "train" else split_problems(cfg, split)
+        return run_eval(cfg, layout, deadline, which, problems, split=split)
     if phase == "grpo":
         from kb_gym.training.learning_check.grpo import run_grpo
 
-        return run_grpo(cfg, layout, deadline, split_problems(cfg, "train"))
+        return run_grpo(cfg, layout, deadline, trained_problems(cfg))
     if phase == "report":
         from kb_gym.training.learning_check.report import run_report
 
@@ -209,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grpo-minutes", type=float, default=d.grpo_minutes, help="GRPO's budget over all calls")
     g.add_argument("--grpo-batch-size", type=int, default=d.grpo_batch_size, help="completions per step")
     g.add_argument("--num-generations", type=int, default=d.num_generations, help="completions per prompt")
+    g.add_argument("--grpo-problems", default=d.grpo_problems, choices=GRPO_PROBLEMS,
+                   help="train problems to train on (and read in distribution): all, or kernels (those whose "
+                        "corpus answer is one of our kernels)")
     g.add_argument("--grpo-lr", type=float, default=d.grpo_lr)
     g.add_argument("--max-completion-length", type=int, default=d.max_completion_length)
     g.add_argument("--save-steps", type=int, default=d.save_steps, help="a checkpoint every N steps")
