@@ -120,15 +120,18 @@ def test_a_quiet_job_waits_for_running_loads_and_new_loads_wait_for_it(host_wide
     assert events == ["first load done", "quiet", "quiet done", "second load"]
 
 
+LOADING_ELSEWHERE = """
+    import time
+    from kb_gym.device_lock import DeviceLock
+    lock = DeviceLock("cuda:0")
+    lock.begin_load()
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
 def test_a_quiet_job_waits_for_a_load_in_another_process():
-    holder = _holder("""
-        import time
-        from kb_gym.device_lock import DeviceLock
-        lock = DeviceLock("cuda:0")
-        lock.begin_load()
-        print("holding", flush=True)
-        time.sleep(60)
-    """)
+    holder = _holder(LOADING_ELSEWHERE)
     lock = DeviceLock("cuda:0")
     got = threading.Event()
     waiter = threading.Thread(target=lambda: (lock.begin_quiet(), got.set()))
@@ -161,14 +164,7 @@ def test_a_quiet_wait_outlasted_by_a_load_is_cut_and_holds_nothing(host_wide):
 
 
 def test_a_quiet_wait_outlasted_by_another_process_load_is_cut():
-    holder = _holder("""
-        import time
-        from kb_gym.device_lock import DeviceLock
-        lock = DeviceLock("cuda:0")
-        lock.begin_load()
-        print("holding", flush=True)
-        time.sleep(60)
-    """)
+    holder = _holder(LOADING_ELSEWHERE)
     lock = DeviceLock("cuda:0")
     try:
         assert lock.begin_quiet(timeout=0.3) is False
