@@ -13,12 +13,17 @@ from typing import Any
 import torch
 
 
+# What a StageError can say: every verdict but "correct" (a status a runner reported, taken at its word, once
+# named the verdict: round 9). Anything else becomes a runtime_error.
+FAILURE_STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "crash", "incorrect")
+
+
 class StageError(Exception):
     """A failure with a verdict attached: status and a message for the policy."""
 
     def __init__(self, status: str, message: str, restart: bool = False, flags: tuple[str, ...] = ()) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = status if status in FAILURE_STATUSES else "runtime_error"
         self.message = message
         self.restart = restart
         self.flags = flags

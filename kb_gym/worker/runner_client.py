@@ -309,8 +309,9 @@ class RunnerProcess:
             raise self._unexpected(reply, "loaded")
         self.pch = _pch_record(reply.get("pch"))
         self.headers = header_diet.record_of(reply.get("headers"))
-        if reply.get("status") != "ok":
-            raise StageError(str(reply.get("status", "compile_error")), str(reply.get("error", ""))[:20000])
+        if reply.get("status") != "ok":  # the runner names its failure, among those a load can have
+            status = reply.get("status")
+            raise StageError(status if status in LOAD_STATUSES else "compile_error", str(reply.get("error", ""))[:20000])
         return self.pch
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
@@ -413,7 +414,7 @@ class RunnerProcess:
         return CallReply(outputs=outputs, event_ms=_finite_ms(msg.get("event_ms")),
                          host_ms=_finite_ms(msg.get("host_ms")), envelope_ms=envelope,
                          launches=_count(msg.get("launches")),
-                         backends=[str(b) for b in msg.get("backends") or []][:4] if isinstance(
+                         backends=[b for b in msg.get("backends") if b in BACKENDS] if isinstance(
                              msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
 
@@ -568,6 +569,10 @@ class RunnerProcess:
         reap_orphans()
 
 
+# the kernel languages a runner's launch counter names (launches.py); any other name a reply carries is dropped
+# (round 9: four names of any length went whole into the result and the store, 6 MB a line)
+BACKENDS = ("triton", "cuda")
+LOAD_STATUSES = ("compile_error", "format_error", "runtime_error")  # what a failed load can be (runner._load)
 RAN_WHILE_STOPPED = ("the candidate's processes ran while the judge held them stopped to measure beside them (one "
                      "resumed itself, e.g. with a timer that sends SIGCONT): nothing measured then counts")
 NOT_STOPPED = ("the candidate's processes did not stop when the judge froze them to measure beside them (a thread "
