@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-
 # What a StageError can say: every verdict but "correct" (a status a runner reported, taken at its word, once
 # named the verdict: round 9). Anything else becomes a runtime_error.
 FAILURE_STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "crash", "incorrect")
