@@ -310,8 +310,8 @@ class RunnerProcess:
         self.pch = _pch_record(reply.get("pch"))
         self.headers = header_diet.record_of(reply.get("headers"))
         if reply.get("status") != "ok":  # the runner names its failure, among those a load can have
-            status = reply.get("status")
-            raise StageError(status if status in LOAD_STATUSES else "compile_error", str(reply.get("error", ""))[:20000])
+            status = reply.get("status") if reply.get("status") in LOAD_STATUSES else "compile_error"
+            raise StageError(status, str(reply.get("error", ""))[:20000])
         return self.pch
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
