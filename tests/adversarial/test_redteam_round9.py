@@ -80,6 +80,11 @@ def test_a_load_reply_cannot_name_the_verdict(ev):
 # ~12-25 ms here). Fix (job._calibration): calibrate under the quiet lock (no load of the device's other workers
 # beside it, and their loaded runners frozen too), or keep a calibration only when its spread is near the
 # smallest seen for the problem and judge against the smallest overhead of the recent ones.
+# Neither would do alone: the burner's load widens the timing loop's own noise as much as the calibration's, and
+# A was passed beside it with a fresh calibration too. What the envelope cannot read, the burst check does (K
+# forwards back to back against the claim): with it on, 6 of 6 liars here flagged side_stream at 1.0-1.2x
+# (session 18: the first and both later ones, two tries, tolerances up to 28 ms). It is off by default until
+# measured on a GPU (docs/integrity.md, Open), so this hole is round 4's, with the test below run with it on.
 
 CHAIN = '''
 import torch
@@ -129,23 +134,22 @@ def _fresh_chain(tag: str) -> Problem:
     return Problem(id=9, name=f"9_TanhChain_{tag}", level=1, code=CHAIN + f"\n# round 9: {tag} {uuid.uuid4().hex}\n")
 
 
-@pytest.mark.xfail(strict=True, reason="round 9: a calibration measured beside the other worker's burning candidate "
-                                       "is kept: the next 7 ms liar correct at 7,500-23,700x, no flags (5 of 5)")
 def test_a_calibration_measured_beside_another_workers_candidate_does_not_judge_the_next():
+    """With the burst check on. Its forwards run back to back and are held to the claim, so an envelope too
+    noisy to read (the burner's load, kept in a calibration or not) no longer decides. Off (the default until
+    measured on a GPU), the lies below get through: tracked by round 4's xfail, the same hole."""
     problem = _fresh_chain("beside")
+    config = TIMED.replace(burst_check=True)
     with Evaluator(DEVICE, results_path=False, baseline_cache=False, workers_per_device=2) as e:
         e.warm()
-        first = e.submit(problem, CHAIN_LIAR, config=TIMED)
-        burner = e.submit(GELU, BURN_BESIDE, config=TIMED)
-        first.result(), burner.result()  # the burner's runner, and its children, are gone now
-        later = [e.submit(problem, CHAIN_LIAR, config=TIMED) for _ in range(2)]  # one on each worker
-        results = [f.result() for f in later]
+        first = e.submit(problem, CHAIN_LIAR, config=config)
+        burner = e.submit(GELU, BURN_BESIDE, config=config)
+        results = [first.result()]
+        burner.result()  # the burner's runner, and its children, are gone now
+        later = [e.submit(problem, CHAIN_LIAR, config=config) for _ in range(2)]  # one on each worker
+        results += [f.result() for f in later]
     for r in results:
         assert r.status == "correct", (r.status, r.error)  # right answers: only the times are lies
-    # the one judged against a calibration measured before its own timing stage began: the kept one
-    kept = [r for r in results if r.correctness["envelope"]["calibration_age_s"] > r.stage_seconds["timing"]]
-    assert kept, [r.correctness["envelope"] for r in results]
-    for r in kept:
         assert "side_stream" in r.flags or r.speedup < 2.0, (r.speedup, r.flags, r.correctness["envelope"])
 
 
