@@ -337,3 +337,21 @@ def test_the_runner_filter_refuses_what_a_root_runner_could_escape_with():
     table = seccomp._ARCHES[platform.machine()][1]
     assert refused.split() == [n for n in names if n in table], (out.stdout, out.stderr)
     assert ordinary == "True True"
+
+
+def test_a_killed_tree_is_gone_when_kill_and_wait_returns():
+    """What the judge does next (another worker's baseline, a fresh judge's candidate) runs with nothing of the
+    killed tree beside it: every process signalled is gone, not only the one reaped."""
+    import subprocess
+
+    from kb_gym import sandbox
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 100 & sleep 100 & (sleep 100 & wait) & wait"])
+    deadline = time.monotonic() + 5
+    while len(sandbox.descendants(proc.pid) or []) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tree = sandbox.descendants(proc.pid) or []
+    assert len(tree) >= 4
+    sandbox.kill_and_wait(proc, timeout=5)
+    assert proc.returncode is not None
+    assert sandbox.wait_gone(tree, timeout=0.0)  # already gone (or zombies) on return: no further wait

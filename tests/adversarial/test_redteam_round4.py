@@ -19,7 +19,7 @@ import time
 import uuid
 
 import pytest
-from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after
+from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after, next_after_poison
 from test_shared_payload import SIX_MB
 
 from kb_gym import Evaluator, Problem
@@ -157,12 +157,9 @@ def test_work_inside_the_kernel_does_not_escape_the_freeze_during_the_calibratio
 
 
 def test_a_calibration_poisoned_by_one_candidate_does_not_judge_the_next(ev):
+    # poisoned (before the freeze waited for every thread): tolerance 8-13 ms against ~2 (next_after_poison)
     problem = _fresh_gelu("poisoned")
-    ev.evaluate(problem, FREEZE_ESCAPE, config=TIMED)
-    r = ev.evaluate(problem, reference_as_candidate(problem), config=TIMED)
-    assert r.status == "correct", (r.status, r.error)
-    envelope = r.correctness["envelope"]
-    assert envelope["tolerance_ms"] < 5.0 and envelope["overhead_ms"] < 3.0, envelope
+    next_after_poison(ev, problem, ev.evaluate(problem, FREEZE_ESCAPE, config=TIMED), TIMED)
 
 
 # One system call that stays in the kernel for seconds (MAP_POPULATE of 128 GB of zero pages: ~4 s) outlasts the
