@@ -252,6 +252,12 @@ def test_every_phase_end_to_end_resumes_and_reports(tmp_path, capsys):
     assert "model_size" in capsys.readouterr().err
     off = run(_tiny(tmp_path, out=str(tmp_path / "off"), train_samples=0), ["eval-before-train"])
     assert [r.status for r in off] == ["not used"]
+    held_out_off = _tiny(tmp_path, out=str(tmp_path / "held_out_off"), samples=0)
+    assert [r.status for r in run(held_out_off, ["eval-before", "eval-after"])] == ["not used"] * 2
+    from kb_gym.training.learning_check.report import build_report
+
+    report = build_report(held_out_off, Layout(held_out_off.out))  # what such a run waits for: grpo and *-train
+    assert report["status"] == "partial (missing: grpo, eval-before-train, eval-after-train)"
 
 
 def test_bad_options_are_one_line_and_exit_code_2(tmp_path, capsys):

@@ -58,7 +58,7 @@ class LearningCheckConfig:
     sft_batch_size: int = 16
     max_length: int = 4096
     # before/after evaluation
-    samples: int = 10
+    samples: int = 10  # answers per held-out problem (0: no eval-before / eval-after)
     # answers per train problem in the in-distribution evaluation (0: no eval-*-train phases)
     train_samples: int = 4
     temperature: float = 1.0

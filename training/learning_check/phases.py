@@ -141,6 +141,8 @@ def run_phase(phase: str, cfg: LearningCheckConfig, layout: Layout, deadline: De
         which, split = EVAL_PHASES[phase]
         if split == "train" and cfg.train_samples <= 0:
             return PhaseResult(phase, "not used", [("why", "--train-samples 0")])
+        if split == "test" and cfg.samples <= 0:  # a run for the in-distribution reading alone
+            return PhaseResult(phase, "not used", [("why", "--samples 0")])
         problems = trained_problems(cfg) if split == "train" else split_problems(cfg, split)
         return run_eval(cfg, layout, deadline, which, problems, split=split)
     if phase == "grpo":
@@ -215,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sft-batch-size", type=int, default=d.sft_batch_size)
     g.add_argument("--max-length", type=int, default=d.max_length, help="longest supervised example, tokens")
     g = p.add_argument_group("before/after evaluation")
-    g.add_argument("--samples", type=int, default=d.samples, help="answers per test problem")
+    g.add_argument("--samples", type=int, default=d.samples,
+                   help="answers per test problem (0: skip the held-out reading)")
     g.add_argument("--train-samples", type=int, default=d.train_samples,
                    help="fresh answers per train problem, for the in-distribution reading (0: skip it)")
     g.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (GRPO's too)")

@@ -161,7 +161,8 @@ def build_report(cfg: LearningCheckConfig, layout: Layout) -> dict[str, Any]:
     from kb_gym.rewards import get_reward
 
     reward = get_reward(cfg.reward)
-    wanted = ["eval-before", "grpo", "eval-after", *(SPLITS["train"][0] if cfg.train_samples > 0 else ())]
+    wanted = [*(SPLITS["test"][0] if cfg.samples > 0 else ()), "grpo", *(SPLITS["train"][0] if cfg.train_samples > 0
+                                                                            else ())]
     missing = [p for p in wanted if not read_json(layout.done_file(p))]
     report: dict[str, Any] = {"status": "complete" if not missing else "partial (missing: " + ", ".join(missing) + ")",
                               "sft": read_json(layout.done_file("sft")), "config": config_to_dict(cfg)}
