@@ -19,6 +19,7 @@ from kb_gym.problems.sizes import check_size, size_for_devices
 from kb_gym.result import EvalResult
 from kb_gym.rewards import MultiTurnReward, is_correct, is_penalised, valid_speedup
 from kb_gym.rewards.multi_turn import MODES as REWARD_MODES
+from kb_gym.training.dedup import program_key
 
 RESET_OPTIONS = ("problem_id", "name", "level", "problem")
 RENDER_REFERENCE_LINES = 12
@@ -89,7 +90,8 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
     incorrect -0.1 < correct 0.2..1.0 (0.4 + 0.2 * clip(log2 speedup, -1, 3)); integrity flags
     remove the speed credit. Over several turns, ``reward_mode`` shapes the per-turn reward:
     ``"improvement"`` (default) pays ``max(0, reward - best reward so far)`` after the first turn,
-    so an episode's rewards sum to its best reward; ``"per_step"`` pays each turn's reward as is.
+    so an episode's rewards sum to its best reward; ``"per_step"`` pays each turn's reward as is. A program
+    submitted again within an episode gets its first verdict (not a new timing draw).
 
     ## Starting State
 
@@ -200,6 +202,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         self._feedback = ""
         self._done = False
         self._pending: tuple[Any, Future] | None = None
+        self._programs: dict[str, Future] = {}  # this episode's evaluations, by program (training.dedup)
 
     # --- the spec keeps a shared evaluator copyable (see SharedEvaluator) ------------------------
     @property
@@ -240,6 +243,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         self._feedback = ""
         self._done = False
         self._pending = None
+        self._programs = {}
         self._reward.reset()
         info = {"problem_id": self.problem.id, "problem_name": self.problem.name, "level": self.problem.level,
                 "problem_key": self.problem.key, "turn": 0, "max_turns": self.max_turns}
@@ -312,8 +316,14 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
             raise RuntimeError("the episode is over (terminated or truncated); call reset() before step()")
 
     def _submit(self, action: Any) -> Future:
+        """A program submitted again in one episode gets its first evaluation: timing it again buys only noise,
+        and the best of several draws (``"improvement"``) paid for it (round 10)."""
         assert self.problem is not None
-        return self.evaluator.submit(self.problem, action, config=self.eval_config)
+        key = program_key(self.problem.key, action)
+        future = self._programs.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self._programs[key] = self.evaluator.submit(self.problem, action, config=self.eval_config)
+        return future
 
     def _take_prefetched(self, action: Any) -> Future | None:
         pending, self._pending = self._pending, None

@@ -217,7 +217,11 @@ class Evaluator(EvaluationAPI):
                config: EvalConfig | None = None) -> Future:
         cfg = config or self.config
         started = time.perf_counter()
-        checked = self._precheck(problem, text, cfg)
+        try:
+            checked = self._precheck(problem, text, cfg)
+        except Exception as exc:  # noqa: BLE001 - our own failure on this text: a recorded verdict all the same
+            checked = self._verdict(problem, text if isinstance(text, str) else "", Status.CRASH,
+                                    f"evaluator error: {type(exc).__name__}: {str(exc)[:200]}", cfg)
         if isinstance(checked, EvalResult):
             checked.stage_seconds["precheck"] = time.perf_counter() - started
             self._finish(checked, "", cfg)
@@ -254,6 +258,11 @@ class Evaluator(EvaluationAPI):
             return self._verdict(problem, found.code, Status.COMPILE_ERROR,
                                  f"SyntaxError: {exc.msg} (line {exc.lineno})" + (f":\n    {line}" if line else ""),
                                  cfg)
+        except (RecursionError, MemoryError, ValueError) as exc:
+            # what Python's own parser gives up on (60 KB of nested operators; a lone surrogate, ValueError's
+            # UnicodeEncodeError) is the answer's compile error, not the caller's exception (round 10)
+            return self._verdict(problem, found.code, Status.COMPILE_ERROR,
+                                 f"the code cannot be parsed: {type(exc).__name__}: {str(exc)[:200]}", cfg)
         findings = static_findings(found.code)
         rejections = get_policy(cfg.integrity).rejections(findings)
         if rejections:
@@ -438,7 +447,8 @@ def _problem_fields(problem: Problem) -> dict[str, Any]:
 
 
 def _hash(source: str) -> str:
-    return hashlib.sha256(source.encode(errors="replace")).hexdigest()[:16]
+    # surrogatepass: "replace" made a lone surrogate and "?" one program (round 10)
+    return hashlib.sha256(source.encode(errors="surrogatepass")).hexdigest()[:16]
 
 
 _shared: dict[tuple[str, ...], Evaluator] = {}

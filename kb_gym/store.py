@@ -38,7 +38,14 @@ class ResultsStore:
         """``extra``: fields written beside the result's (``evaluate-model``'s problem key and sample index)."""
         line = (result.to_json() if not extra else json.dumps({**result.to_dict(), **extra}, default=str,
                                                                   allow_nan=False)) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        with self._lock, open(self.path, "a+b") as fh:
+            # a line torn by a writer that died mid-write is closed first: glued to it, this one was lost too
+            # (round 10)
+            end = fh.seek(0, os.SEEK_END)
+            torn = False
+            if end:
+                fh.seek(end - 1)
+                torn = fh.read(1) != b"\n"
+            fh.write((b"\n" if torn else b"") + line.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())

@@ -29,7 +29,8 @@ def program_key(problem_key: str, text: str) -> str:
     else:
         code = extract_code(text).code
         body = code if code is not None else "\x00no-code\x00" + text
-    return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
+    # surrogatepass: "replace" made a lone surrogate and "?" one program (round 10)
+    return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class DedupEvaluator:

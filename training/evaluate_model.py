@@ -170,7 +170,8 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
             for (p, k), future in zip(left, futures, strict=True):  # recorded in order, each as soon as it can be
                 store.append(future.result(), extra={"model": cfg.model, "problem_key": p.key, "sample": k})
     results = load_results(results_path)
-    summary = summarize(results, ps=cfg.ps)
+    # every task in the denominator, whether or not a result of it could be read back (round 10: a torn line)
+    summary = summarize(results, ps=cfg.ps, tasks=[p.key for p in problems])
     (out / "summary.json").write_text(json.dumps({"model": cfg.model, "dataset": str(cfg.dataset),
                                                   "samples": cfg.samples, "summary": summary}, indent=1))
     _write_csv(out / "summary.csv", summary)

@@ -28,6 +28,7 @@ from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
 from kb_gym.rewards import get_reward
+from kb_gym.training.dedup import DedupEvaluator
 
 EPISODE_REWARDS = ("best", "last", "discounted")
 
@@ -116,6 +117,8 @@ class KernelMultiTurnRollout:
                context: list[list[int]], completion: list[list[int]], mask: list[list[int]],
                turn_rewards: list[list[float]], turn_results: list[list[EvalResult]], budget: int,
                active: list[int]) -> None:
+        # a program answered again in one rollout gets its first verdict, not another timing draw (round 10)
+        episodes = [DedupEvaluator(self.evaluator) for _ in convs]
         for turn in range(self.max_turns):
             generated, _ = generate([context[i] for i in active], None, {}, 1)
             texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
@@ -126,7 +129,7 @@ class KernelMultiTurnRollout:
                 convs[i].append({"role": "assistant", "content": text})
             # every running rollout's answer evaluated at once: the workers of every device share them
             pending: list[tuple[int, Future | EvalResult]] = [
-                (i, self.evaluator.submit(problems[i], texts[k]) if problems[i] is not None
+                (i, episodes[i].submit(problems[i], texts[k]) if problems[i] is not None
                  else EvalResult(status=Status.FORMAT_ERROR.value, error="no problem matches this prompt"))
                 for k, i in enumerate(active)]
             for i, item in pending:

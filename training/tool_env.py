@@ -25,6 +25,7 @@ from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
 from kb_gym.rewards import get_reward
+from kb_gym.training.dedup import DedupEvaluator
 
 
 class KernelToolEnv:
@@ -40,11 +41,15 @@ class KernelToolEnv:
         self.problem: Problem | None = None
         self.results: list[EvalResult] = []
         self._prefetched: list[tuple[str, Future]] = []  # (code, its evaluation) started before TRL's call
+        # this rollout's evaluations by program: a program submitted again gets its first verdict, not another
+        # timing draw for "best" to keep (round 10: 4 submissions of a 1.00x program paid 1.06x)
+        self._episode = DedupEvaluator(evaluator)
 
     def reset(self, problem_key: str = "", **_: Any) -> str | None:
         """Start a rollout on the row's problem (TRL passes the dataset row's columns)."""
         self.problem = self._problems.get(problem_key)
         self.results = []
+        self._episode = DedupEvaluator(self._evaluator)
         self._drop_prefetched()
         if self.problem is None:
             return f"(No problem with key {problem_key!r} is loaded; submissions cannot be evaluated.)"
@@ -67,7 +72,7 @@ class KernelToolEnv:
         if started is not None:
             result = self._prefetched.pop(started)[1].result()
         else:
-            result = self._evaluator.evaluate(self.problem, code)
+            result = self._episode.submit(self.problem, code).result()
         self.results.append(result)
         left = self._max_submissions - len(self.results)
         return f"{result.status}: {result.feedback}\n({left} submission(s) left)"
@@ -78,10 +83,13 @@ class KernelToolEnv:
         if self.problem is None or not isinstance(message, dict):
             return
         for call in message.get("tool_calls") or []:
-            function = (call.get("function") or {}) if isinstance(call, dict) else {}
-            code = (function.get("arguments") or {}).get("code") if function.get("name") == "submit_kernel" else None
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if not isinstance(arguments, dict) or function.get("name") != "submit_kernel":
+                continue  # whatever the model wrote: TRL's own call reports it (round 10: a string raised here)
+            code = arguments.get("code")
             if isinstance(code, str) and len(self.results) + len(self._prefetched) < self._max_submissions:
-                self._prefetched.append((code, self._evaluator.submit(self.problem, code)))
+                self._prefetched.append((code, self._episode.submit(self.problem, code)))
 
     def _drop_prefetched(self) -> None:
         """Forget evaluations started for calls TRL did not make (its last turn's calls, say): cancelled where

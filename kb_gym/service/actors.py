@@ -153,6 +153,10 @@ class EvaluationService:
                 if self.workers[k] is worker:  # the first request to notice replaces it
                     self.workers[k] = self._start_worker()
                     self.replaced += 1
+            except Exception as exc:  # noqa: BLE001 - the worker's own failure on this candidate: still a verdict,
+                # recorded (round 10: a client got the exception and the store nothing)
+                result = _crash(problem, f"evaluator error: {type(exc).__name__}: {str(exc)[:200]}")
+                break
             finally:
                 await self._give_back(k)
         else:

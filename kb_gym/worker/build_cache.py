@@ -71,7 +71,7 @@ def toolchain(device: torch.device) -> str:
 
 
 def source_key(source: str, tools: str) -> str:
-    return hashlib.sha256(tools.encode() + b"\0" + source.encode(errors="replace")).hexdigest()[:24]
+    return hashlib.sha256(tools.encode() + b"\0" + source.encode(errors="surrogatepass")).hexdigest()[:24]
 
 
 _BUILDER_NAMES = ("cpp_extension", "load_inline")
