@@ -38,14 +38,19 @@ class ResultsStore:
         """``extra``: fields written beside the result's (``evaluate-model``'s problem key and sample index)."""
         line = (result.to_json() if not extra else json.dumps({**result.to_dict(), **extra}, default=str,
                                                                   allow_nan=False)) + "\n"
-        with self._lock, open(self.path, "a+b") as fh:
-            # a line torn by a writer that died mid-write is closed first: glued to it, this one was lost too
-            # (round 10)
-            end = fh.seek(0, os.SEEK_END)
-            torn = False
-            if end:
-                fh.seek(end - 1)
-                torn = fh.read(1) != b"\n"
-            fh.write((b"\n" if torn else b"") + line.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
+        with self._lock:
+            append_lines(self.path, [line])
+
+
+def append_lines(path: str | os.PathLike, lines: list[str]) -> None:
+    """Append ``lines`` (each ending in a newline) to a JSONL file and fsync it. A line torn by a writer that died
+    mid-write is closed first: glued to it, the first new line was lost too (round 10)."""
+    with open(path, "a+b") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        torn = False
+        if end:
+            fh.seek(end - 1)
+            torn = fh.read(1) != b"\n"
+        fh.write((b"\n" if torn else b"") + "".join(lines).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from kb_gym.metrics import DEFAULT_PS, load_results, summarize
 from kb_gym.problems import Problem, load_problems
 from kb_gym.prompts import DEFAULT_BACKEND, build_messages
 from kb_gym.report import plot_fast_p
-from kb_gym.store import ResultsStore
+from kb_gym.store import ResultsStore, append_lines
 from kb_gym.training.errors import ModelLoadError
 
 GenerateFn = Callable[[list[list[dict[str, str]]]], list[str]]
@@ -155,12 +154,10 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     for start in range(0, len(todo), max(1, cfg.batch_size)):  # each batch on disk as it is generated
         batch = todo[start:start + cfg.batch_size]
         texts = generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
-        with open(completions_path, "a", encoding="utf-8") as fh:
-            for (p, k), text in zip(batch, texts, strict=True):
-                fh.write(json.dumps({"model": cfg.model, "problem_key": p.key, "sample": k, "completion": text}) + "\n")
-                answers[(p.key, k)] = text
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_lines(completions_path, [json.dumps({"model": cfg.model, "problem_key": p.key, "sample": k,
+                                                    "completion": text}) + "\n"
+                                        for (p, k), text in zip(batch, texts, strict=True)])
+        answers.update(((p.key, k), text) for (p, k), text in zip(batch, texts, strict=True))
     evaluated = _done(results_path, cfg.model, "status")
     store = ResultsStore(results_path)
     left = [(p, k) for p, k in jobs if (p.key, k) not in evaluated]

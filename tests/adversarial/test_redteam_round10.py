@@ -265,3 +265,29 @@ def test_evaluate_model_resumed_after_a_torn_results_line_keeps_every_task(tmp_p
         fh.write('{"status": "format_error", "problem_name": "' + b.name)  # torn by a crash
     summary = evaluate_model(cfg, generate=lambda batch: pytest.fail("nothing left to generate"))
     assert summary["all"]["n_tasks"] == 2 and summary["all"]["fast_1"] == pytest.approx(0.5), summary["all"]
+
+
+# --- the same for an answer: a torn line in evaluate-model's completions.jsonl --------------------------------------
+#
+# Round 10's pass named it, not measured: generation appended its batch after a line torn by a killed run, so the
+# first regenerated answer was glued to it and lost again. The completions file is appended through the store's
+# own append_lines, which closes a torn line first.
+
+def test_an_answer_generated_after_a_torn_completions_line_is_kept(tmp_path):
+    from kb_gym.training.evaluate_model import ModelEvalConfig, evaluate_model
+
+    a, b = RELU, PROBLEMS[1]
+    cfg = ModelEvalConfig(model="m", dataset=[a, b], samples=1, eval_devices="cpu", out_dir=str(tmp_path),
+                          eval_config={"trials": 1, "timing": False})
+    with open(tmp_path / "completions.jsonl", "w") as fh:
+        fh.write(json.dumps({"model": "m", "problem_key": a.key, "sample": 0, "completion": "no code"}) + "\n")
+        fh.write('{"model": "m", "problem_key": "' + b.key)  # torn by a crash
+    asked: list[int] = []
+
+    def generate(batch):
+        asked.append(len(batch))
+        return ["no code either"] * len(batch)
+
+    summary = evaluate_model(cfg, generate=generate)
+    assert asked == [1] and summary["all"]["n_tasks"] == 2
+    evaluate_model(cfg, generate=lambda batch: pytest.fail("the regenerated answer was lost"))  # a resume
