@@ -1,9 +1,10 @@
 """Red team, round 9: state kept across candidates (a problem's calibration, the spare, the zygote), the quiet
 lock, the results store and the baseline cache, and the judge's reading of the runner's replies.
 
-Each test asserts the verdict a sound judge gives. Those that got through when this pass was made are marked
-``xfail(strict=True)`` with what was measured. Candidates run with ``integrity="off"`` (the design must hold when
-a static check misses).
+Each test asserts the verdict a sound judge gives. All three got through when this pass was made (session 18, a
+helper's pass): the first and third are stopped since; the second is caught by the burst check, which its test turns
+on (off by default until measured on a GPU: round 4's open hole). Candidates run with ``integrity="off"`` (the
+design must hold when a static check misses).
 """
 
 from __future__ import annotations
