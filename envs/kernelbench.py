@@ -19,7 +19,7 @@ from kb_gym.problems.sizes import check_size, size_for_devices
 from kb_gym.result import EvalResult
 from kb_gym.rewards import MultiTurnReward, is_correct, is_penalised, valid_speedup
 from kb_gym.rewards.multi_turn import MODES as REWARD_MODES
-from kb_gym.training.dedup import program_key
+from kb_gym.training.dedup import DedupEvaluator
 
 RESET_OPTIONS = ("problem_id", "name", "level", "problem")
 RENDER_REFERENCE_LINES = 12
@@ -202,7 +202,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         self._feedback = ""
         self._done = False
         self._pending: tuple[Any, Future] | None = None
-        self._programs: dict[str, Future] = {}  # this episode's evaluations, by program (training.dedup)
+        self._episode: DedupEvaluator | None = None  # this episode's evaluations, by program (made at first use)
 
     # --- the spec keeps a shared evaluator copyable (see SharedEvaluator) ------------------------
     @property
@@ -243,7 +243,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         self._feedback = ""
         self._done = False
         self._pending = None
-        self._programs = {}
+        self._episode = None
         self._reward.reset()
         info = {"problem_id": self.problem.id, "problem_name": self.problem.name, "level": self.problem.level,
                 "problem_key": self.problem.key, "turn": 0, "max_turns": self.max_turns}
@@ -319,11 +319,9 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         """A program submitted again in one episode gets its first evaluation: timing it again buys only noise,
         and the best of several draws (``"improvement"``) paid for it (round 10)."""
         assert self.problem is not None
-        key = program_key(self.problem.key, action)
-        future = self._programs.get(key)
-        if future is None or (future.done() and future.exception() is not None):
-            future = self._programs[key] = self.evaluator.submit(self.problem, action, config=self.eval_config)
-        return future
+        if self._episode is None:
+            self._episode = DedupEvaluator(self.evaluator)
+        return self._episode.submit(self.problem, action, config=self.eval_config)
 
     def _take_prefetched(self, action: Any) -> Future | None:
         pending, self._pending = self._pending, None

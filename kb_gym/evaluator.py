@@ -316,7 +316,7 @@ class Evaluator(EvaluationAPI):
         limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
         reuse = job["source"] is not None and self._reuses_baselines(handle, cfg)
         job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if reuse else None
-        if reuse and job["cached_baseline"] is None and not self._unquiet_lately(problem, cfg):
+        if reuse and job["cached_baseline"] is None and not self._unquiet_lately(problem):
             # The cache is filled only by baseline-only jobs, timed with no candidate's processes alive (round 4:
             # a baseline timed beside a candidate's children, which a freeze cannot stop in the kernel, was kept
             # and inflated later candidates' speedups). A miss costs one such job, once per problem and hardware.
@@ -365,7 +365,7 @@ class Evaluator(EvaluationAPI):
             self._finish(result, log_tail, cfg)
         return result
 
-    def _unquiet_lately(self, problem: Problem, cfg: EvalConfig) -> bool:
+    def _unquiet_lately(self, problem: Problem) -> bool:
         """Whether a baseline-only job of this problem was lately cut short of its quiet (loads ran on)."""
         with self._lock:
             cut = self._unquiet.get(problem.code_hash)

@@ -154,10 +154,11 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     for start in range(0, len(todo), max(1, cfg.batch_size)):  # each batch on disk as it is generated
         batch = todo[start:start + cfg.batch_size]
         texts = generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
-        append_lines(completions_path, [json.dumps({"model": cfg.model, "problem_key": p.key, "sample": k,
+        generated = {(p.key, k): text for (p, k), text in zip(batch, texts, strict=True)}
+        append_lines(completions_path, [json.dumps({"model": cfg.model, "problem_key": key, "sample": k,
                                                     "completion": text}) + "\n"
-                                        for (p, k), text in zip(batch, texts, strict=True)])
-        answers.update(((p.key, k), text) for (p, k), text in zip(batch, texts, strict=True))
+                                        for (key, k), text in generated.items()])
+        answers.update(generated)
     evaluated = _done(results_path, cfg.model, "status")
     store = ResultsStore(results_path)
     left = [(p, k) for p, k in jobs if (p.key, k) not in evaluated]

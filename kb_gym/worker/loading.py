@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from kb_gym.result import Status
+
 # What a StageError can say: every verdict but "correct" (a status a runner reported, taken at its word, once
 # named the verdict: round 9). Anything else becomes a runtime_error.
-FAILURE_STATUSES = ("format_error", "rejected", "compile_error", "runtime_error", "timeout", "crash", "incorrect")
+FAILURE_STATUSES = tuple(s.value for s in Status if s is not Status.CORRECT)
 
 
 class StageError(Exception):
