@@ -115,7 +115,7 @@ import torch.nn as nn
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        self.hog = [torch.empty(1 << 40, dtype=torch.uint8, device=x.device)]
+        self.hog = [torch.empty(size, dtype=torch.uint8, device=x.device) for size in SIZES]
         return torch.relu(x)
 '''
 
@@ -254,12 +254,12 @@ def test_hanging_kernel_times_out_and_next_evaluation_works(ev, relu):
 
 
 def test_device_oom_is_runtime_error_and_recovers(ev, relu):
-    # 1 TiB: torch 2.11's caching allocator fails an internal assert instead of raising its OOM error
-    # (H200, 2026-12-02); still a runtime_error. 256 GiB, more than any one GPU holds, is the plain OOM.
-    huge = ev.evaluate(relu, OOM)
-    assert huge.status == "runtime_error", (huge.status, huge.error)
-    r = ev.evaluate(relu, OOM.replace("1 << 40", "256 << 30"))
-    assert r.status == "runtime_error" and "memory" in r.error.lower(), (r.status, r.error)
+    # More than the GPU holds, at once or 8 GiB at a time: torch 2.11's caching allocator in a runner fails an
+    # internal assert (CUDACachingAllocator.cpp:1135, "please report a bug") instead of its OOM error (H200,
+    # 2026-12-02 and -03), so only the verdict is ours to check, and that the worker goes on judging.
+    for sizes in ("[1 << 40]", "[8 << 30] * 32"):
+        r = ev.evaluate(relu, OOM.replace("SIZES", sizes))
+        assert r.status == "runtime_error", (sizes, r.status, r.error)
     after = ev.evaluate(relu, _solution(relu))
     assert after.status == "correct", after.error
 
