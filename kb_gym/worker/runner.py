@@ -333,9 +333,20 @@ class Runner:
 
     def _send_exception(self, exc: BaseException) -> None:
         msg = trim_traceback(exc, self.candidate_file)
-        if isinstance(exc, torch.OutOfMemoryError):
-            msg = "out of device memory in forward: " + msg
+        if out_of_device_memory(exc):
+            msg = "out of memory on the device: " + msg
         self.send({"type": "error", "status": "runtime_error", "error": msg, "sticky": sticky_cuda_error(self.device)})
+
+
+def out_of_device_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU allocator running out of memory. Inside a runner torch's caching allocator can
+    fail to say so: composing its OOM message it starts NVML, which the sandbox keeps from working, and raises
+    an internal assert on ``nvmlInit_v2_()`` instead (H200, torch 2.11: every OOM of a runner). Called only on
+    that path, the assert means the allocation failed."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and "CUDACachingAllocator" in text and "nvmlInit" in text
 
 
 def _numerics() -> tuple[Any, ...]:
