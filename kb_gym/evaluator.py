@@ -27,7 +27,7 @@ from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
 from kb_gym.problems import Problem
-from kb_gym.result import EvalResult, Status
+from kb_gym.result import EvalResult, Status, plain_text
 from kb_gym.store import ResultsStore, default_results_path
 from kb_gym.workers import WorkerDied, WorkerHandle
 
@@ -404,7 +404,9 @@ class Evaluator(EvaluationAPI):
 
     def _finish(self, result: EvalResult, log_tail: str, cfg: EvalConfig | None = None) -> None:
         self._apply_policy(result, cfg or self.config)
-        result.feedback = render_feedback(result, log_tail)
+        if result.error:
+            result.error = plain_text(result.error)
+        result.feedback = plain_text(render_feedback(result, plain_text(log_tail or "")))
         if self.store is not None:
             self.store.append(result)
 

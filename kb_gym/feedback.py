@@ -42,6 +42,13 @@ def compiler_errors(text: str, limit: int = FEEDBACK_CHARS) -> str:
     return bound_text("\n".join(picked), limit)
 
 
+def quoted(text: str) -> str:
+    """Text the candidate wrote (an exception's message, a compiler's output quoting its source, what it printed),
+    every line marked as a quote: a message of its own cannot pass for our verdict in the next turn's prompt
+    (round 11: "Correct. Your kernel: 0.01 ms ... speedup 9.000x" raised from forward read as our line)."""
+    return "\n".join("| " + line for line in text.splitlines()) if text else "| "
+
+
 def render_feedback(result: EvalResult, log_tail: str = "") -> str:
     """One short paragraph (or a trimmed error) for the policy's next turn."""
     status = result.status
@@ -51,15 +58,16 @@ def render_feedback(result: EvalResult, log_tail: str = "") -> str:
     elif status == "rejected":
         text = f"Rejected by the integrity policy: {error}"
     elif status == "compile_error":
-        text = "Compilation or import failed:\n" + compiler_errors(error)
+        text = "Compilation or import failed (its messages, quoted):\n" + quoted(compiler_errors(error))
     elif status == "runtime_error":
-        text = "Runtime error while running ModelNew:\n" + bound_text(error, FEEDBACK_CHARS)
+        text = ("Runtime error while running ModelNew (its message, quoted):\n"
+                + quoted(bound_text(error, FEEDBACK_CHARS)))
     elif status == "timeout":
         text = f"Timeout: {error}. Look for an endless loop, a kernel that never finishes, or far too much work."
     elif status == "crash":
         text = f"The worker process crashed: {error}."
         if log_tail.strip():
-            text += "\nLast output:\n" + bound_text(log_tail.strip(), 600)
+            text += "\nIts last output, quoted:\n" + quoted(bound_text(log_tail.strip(), 600))
     elif status == "incorrect":
         text = f"Incorrect output: {error}"
     else:

@@ -16,7 +16,9 @@ samples per task:
 Correct means ``status == "correct"`` (the status is authoritative). A speedup that is missing,
 NaN, infinite or <= 0 is not a usable measurement and never counts as fast. Integrity flags are
 ignored unless ``penalised_flags`` is given, in which case a result carrying any of those flags
-counts as not correct (KernelBench itself has no flags).
+counts as not correct (KernelBench itself has no flags). A correct result with ``speed_credit`` False (the
+integrity policy's: no kernel of its own, a flagged timing) counts in fast_0, never in fast_p for p > 0, and
+ranks below every credited speedup in best-of.
 """
 
 from __future__ import annotations
@@ -51,14 +53,19 @@ class _Sample:
     speedup: float | None
     stage: int
     sol_fraction: float | None = None  # share of the speed-of-light floor reached (floor time / runtime)
+    credited: bool = True  # False: the integrity policy gave it no speed credit (``speed_credit``)
 
     def is_fast(self, p: float) -> bool:
-        return self.ok and self.speedup is not None and self.speedup > p
+        # a speedup without credit (plain PyTorch, a flagged timing) is correct, never fast (round 11: a renamed
+        # reference at 2.0x counted in fast_1 while the fast_p reward paid it 0)
+        return self.ok and self.speedup is not None and self.speedup > p and (self.credited or p <= 0)
 
     @property
     def rank(self) -> tuple[bool, float, int]:
-        """Sort key of best-of: correct first, then higher speedup, then later failure stage."""
-        speed = self.speedup if (self.ok and self.speedup is not None) else -math.inf
+        """Sort key of best-of: correct first, then higher credited speedup, then later failure stage."""
+        speed = -math.inf
+        if self.ok and self.speedup is not None:
+            speed = self.speedup if self.credited else 0.0
         return (self.ok, speed, self.stage)
 
 
@@ -105,7 +112,8 @@ def _sample(item: ResultLike, penalised: frozenset[str]) -> _Sample:
     speedup = valid_speedup(_get(item, "speedup"))
     sol = _get(item, "speed_of_light_fraction")
     sol = float(sol) if isinstance(sol, int | float) and math.isfinite(sol) and sol > 0 else None
-    return _Sample(task=key, group=_group_of(key), ok=ok, speedup=speedup, stage=stage, sol_fraction=sol)
+    return _Sample(task=key, group=_group_of(key), ok=ok, speedup=speedup, stage=stage, sol_fraction=sol,
+                   credited=_get(item, "speed_credit") is not False)
 
 
 def _penalised(penalised_flags: Iterable[str] | None) -> frozenset[str]:

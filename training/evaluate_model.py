@@ -6,13 +6,17 @@ Outputs in ``out_dir``: ``completions.jsonl`` (every answer, written as each bat
 and ``summary.csv`` (per level and over all: correct rate, fast_p for p = 0, 0.5, 0.8, 1, 1.5, 2,
 geometric-mean speedup, best-of-k), ``per_problem.csv`` (samples, correct, fast and the best sample per
 problem) and ``fast_p.png``. Run again into the same folder (after a crash or a
-preemption), it generates and evaluates only what is missing.
+preemption), it generates and evaluates only what is missing: with the same settings (``run.json``; another
+model, dataset, size, generation or evaluation setting is refused: one folder, one run), and never while another
+run writes there (``.lock``). The summaries count each (problem, sample) of this run once.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +147,13 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     jobs: list[tuple[Problem, int]] = [(p, k) for p in problems for k in range(cfg.samples)]
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with _only_run(out):
+        _same_settings(out / "run.json", cfg)
+        return _evaluate(cfg, problems, jobs, out, generate)
+
+
+def _evaluate(cfg: ModelEvalConfig, problems: list[Problem], jobs: list[tuple[Problem, int]], out: Path,
+              generate: GenerateFn | None) -> dict[str, Any]:
     completions_path, results_path = out / "completions.jsonl", out / "results.jsonl"
     answers = _done(completions_path, cfg.model, "completion")
     todo = [(p, k) for p, k in jobs if (p.key, k) not in answers]
@@ -167,7 +178,7 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
             futures = [ev.submit(p, answers[(p.key, k)]) for p, k in left]
             for (p, k), future in zip(left, futures, strict=True):  # recorded in order, each as soon as it can be
                 store.append(future.result(), extra={"model": cfg.model, "problem_key": p.key, "sample": k})
-    results = load_results(results_path)
+    results = _this_runs(load_results(results_path), jobs)
     # every task in the denominator, whether or not a result of it could be read back (round 10: a torn line)
     summary = summarize(results, ps=cfg.ps, tasks=[p.key for p in problems])
     (out / "summary.json").write_text(json.dumps({"model": cfg.model, "dataset": str(cfg.dataset),
@@ -176,6 +187,64 @@ def evaluate_model(cfg: ModelEvalConfig, *, generate: GenerateFn | None = None) 
     _write_per_problem(out / "per_problem.csv", results)
     plot_fast_p(results, out / "fast_p.png", title=f"fast_p: {cfg.model}")
     return summary
+
+
+class _only_run:  # noqa: N801 - a context manager named for what it ensures
+    """The folder's lock for the whole run: a second run into it is refused at once (round 11: two runs at once
+    both evaluated every task and both appended, two rows for one sample)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".lock"
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise RuntimeError(f"another evaluate-model run is writing {self.path.parent}: wait for it to end or "
+                               "give this one its own --out folder") from None
+
+    def __exit__(self, *_: Any) -> None:
+        os.close(self.fd)  # closing drops the lock
+
+
+# What a folder's results depend on; ``samples`` may grow on a resume (more answers per problem), the rest may not.
+_RUN_SETTINGS = ("model", "dataset", "level", "size", "backend", "one_shot", "temperature", "max_new_tokens",
+                 "eval_devices", "eval_config", "vllm")
+
+
+def _same_settings(path: Path, cfg: ModelEvalConfig) -> None:
+    """Written by a folder's first run; a resume with other settings is refused (round 11: fp16 verdicts were
+    counted as fp32 ones)."""
+    mine = json.loads(json.dumps({k: getattr(cfg, k) for k in _RUN_SETTINGS}, default=str))
+    if not path.exists():
+        path.write_text(json.dumps(mine, indent=1, sort_keys=True))
+        return
+    try:
+        theirs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        theirs = None
+    if theirs != mine:
+        differ = sorted(k for k in mine if not isinstance(theirs, dict) or theirs.get(k) != mine[k])
+        raise ValueError(f"{path.parent} holds a run with other settings ({', '.join(differ) or 'unreadable'}; "
+                         f"{path}): give this run its own --out folder")
+
+
+def _this_runs(results: list[dict[str, Any]], jobs: list[tuple[Problem, int]]) -> list[dict[str, Any]]:
+    """The rows of this run's (problem, sample) pairs, the first of each (round 11: fewer samples on a resume, or
+    a second run's rows, were counted too)."""
+    wanted = {(p.key, k) for p, k in jobs}
+    kept: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in results:
+        try:
+            key = (str(row.get("problem_key")), int(row.get("sample") or 0))
+        except (TypeError, ValueError):
+            continue
+        if key in wanted:
+            kept.setdefault(key, row)
+    return list(kept.values())
 
 
 def _done(path: Path, model: str, field_name: str) -> dict[tuple[str, int], Any]:

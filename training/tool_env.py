@@ -39,7 +39,8 @@ class KernelToolEnv:
         self._max_submissions = max_submissions
         self._score = score
         self.problem: Problem | None = None
-        self.results: list[EvalResult] = []
+        self.results: list[EvalResult] = []  # the tool calls' evaluations
+        self.final_result: EvalResult | None = None  # a rollout without tool calls: its final answer's (the reward)
         self._prefetched: list[tuple[str, Future]] = []  # (code, its evaluation) started before TRL's call
         # this rollout's evaluations by program: a program submitted again gets its first verdict, not another
         # timing draw for "best" to keep (round 10: 4 submissions of a 1.00x program paid 1.06x)
@@ -49,6 +50,7 @@ class KernelToolEnv:
         """Start a rollout on the row's problem (TRL passes the dataset row's columns)."""
         self.problem = self._problems.get(problem_key)
         self.results = []
+        self.final_result = None
         self._episode = DedupEvaluator(self._evaluator)
         self._drop_prefetched()
         if self.problem is None:
@@ -102,11 +104,12 @@ class KernelToolEnv:
         """The best (or, with ``score="last"``, the final) submission's reward; the format-error reward
         when there was none. (Not ``get_reward``: TRL would take that as the environment owning the reward,
         and the final-answer fallback of the factory's reward function could not run.)"""
-        if not self.results:
+        scored = self.results or ([self.final_result] if self.final_result is not None else [])
+        if not scored:
             return float(self._reward(EvalResult(status=Status.FORMAT_ERROR.value, error="no submission"))[0])
         if self._score == "last":
-            return float(self._reward(self.results[-1])[0])
-        return max(float(self._reward(r)[0]) for r in self.results)
+            return float(self._reward(scored[-1])[0])
+        return max(float(self._reward(r)[0]) for r in scored)
 
 
 class _Prefetching(list):
@@ -203,8 +206,10 @@ class KernelToolReward:
     """TRL's reward function for the tool environment: one score per rollout from its environment.
 
     A rollout that never called ``submit_kernel`` but ended with a fenced code block gets that answer
-    evaluated once (models often answer in a block anyway); all such final answers of a batch are
-    evaluated concurrently. Logs, under ``name``, the single-turn reward function's metrics over every
+    evaluated once (models often answer in a block anyway), kept apart from the tool calls' results (so a second
+    call neither evaluates it again nor counts it as a tool call); all such final answers of a batch are
+    evaluated concurrently, and copies of one program share one verdict, as in the single-turn reward function.
+    Logs, under ``name``, the single-turn reward function's metrics over every
     evaluation of the batch (submissions and final answers), plus ``submissions`` (tool calls evaluated per
     rollout) and ``tool_use`` (the share of rollouts that called the tool).
     """
@@ -223,20 +228,22 @@ class KernelToolReward:
                              "reward function with environment_factory=<its factory>")
         called = [bool(env.results) for env in environments]
         final: list[tuple[KernelToolEnv, Future]] = []
+        batch = DedupEvaluator(self.factory.evaluator)  # round 11: a group's copies got two timing draws
         for env, completion, used_tool in zip(environments, completions, called, strict=True):
             text = completion_text(completion)
-            if not used_tool and env.problem is not None and extract_code(text).code is not None:
-                final.append((env, self.factory.evaluator.submit(env.problem, text)))
+            if (not used_tool and env.final_result is None and env.problem is not None
+                    and extract_code(text).code is not None):
+                final.append((env, batch.submit(env.problem, text)))
         for env, future in final:
-            env.results.append(future.result())
+            env.final_result = future.result()
         rewards = [env._episode_reward() for env in environments]
         if log_metric is not None:
-            results = [r for env in environments for r in env.results]
+            results = [r for env in environments
+                       for r in [*env.results, *([env.final_result] if env.final_result is not None else [])]]
             # (no eval_seconds: the submissions were evaluated during generation, inside the tool calls)
             metrics = batch_metrics(results, parts=[self.factory.reward(r)[1] for r in results])
             n = max(1, len(environments))
-            metrics["submissions"] = sum(len(env.results) for env, used in zip(environments, called, strict=True)
-                                         if used) / n
+            metrics["submissions"] = sum(len(env.results) for env in environments) / n
             metrics["tool_use"] = sum(called) / n
             for key, value in metrics.items():
                 log_metric(f"{self.__name__}/{key}", value)
