@@ -368,10 +368,10 @@ def test_the_tool_reward_scores_each_rollout_and_evaluates_a_final_answer_that_m
     logged: dict[str, float] = {}
     rewards = factory.reward_function()(completions=completions, environments=envs, log_metric=logged.__setitem__)
     default = reward_fn._reward
-    assert [r.status for r in envs[1].results] == ["correct"]  # the block was evaluated, once
+    assert envs[1].results == [] and envs[1].final_result.status == "correct"  # the block was evaluated, once
     assert rewards[0] == default(envs[0].results[0])[0]  # it used the tool: its submission counts, not its answer
-    assert len(envs[0].results) == 1
-    assert rewards[1] == default(envs[1].results[0])[0] > rewards[0] > rewards[2]
+    assert len(envs[0].results) == 1 and envs[0].final_result is None
+    assert rewards[1] == default(envs[1].final_result)[0] > rewards[0] > rewards[2]
     assert rewards[2] == default(EvalResult(status="format_error"))[0]
     assert logged["kernel_tool/tool_use"] == pytest.approx(1 / 3) and logged["kernel_tool/submissions"] == pytest.approx(1 / 3)
     assert logged["kernel_tool/correct"] == 0.5 and "kernel_tool/status/incorrect" in logged
