@@ -8,7 +8,7 @@ geometric-mean speedup, best-of-k), ``per_problem.csv`` (samples, correct, fast 
 problem) and ``fast_p.png``. Run again into the same folder (after a crash or a
 preemption), it generates and evaluates only what is missing: with the same settings (``run.json``; another
 model, dataset, size, generation or evaluation setting is refused: one folder, one run), and never while another
-run writes there (``.lock``). The summaries count each (problem, sample) of this run once.
+run writes there (the folder is locked). The summaries count each (problem, sample) of this run once.
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ def _evaluate(cfg: ModelEvalConfig, problems: list[Problem], jobs: list[tuple[Pr
     elif todo and generate is None:
         model, tokenizer = load_hf_model(cfg.model)
         generate = hf_generate_fn(model, tokenizer, cfg)
+    _same_settings(out / "run.json", cfg, write=True)  # the folder's settings, once it is about to hold answers
     for start in range(0, len(todo), max(1, cfg.batch_size)):  # each batch on disk as it is generated
         batch = todo[start:start + cfg.batch_size]
         texts = generate([build_messages(p.code, backend=cfg.backend, one_shot=cfg.one_shot) for p, _ in batch])
@@ -190,21 +191,21 @@ def _evaluate(cfg: ModelEvalConfig, problems: list[Problem], jobs: list[tuple[Pr
 
 
 class _only_run:  # noqa: N801 - a context manager named for what it ensures
-    """The folder's lock for the whole run: a second run into it is refused at once (round 11: two runs at once
-    both evaluated every task and both appended, two rows for one sample)."""
+    """The folder itself locked (``flock`` on it) for the whole run: a second run into it is refused at once
+    (round 11: two runs at once both evaluated every task and both appended, two rows for one sample)."""
 
     def __init__(self, out: Path) -> None:
-        self.path = out / ".lock"
+        self.path = out
         self.fd = -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise RuntimeError(f"another evaluate-model run is writing {self.path.parent}: wait for it to end or "
-                               "give this one its own --out folder") from None
+            raise RuntimeError(f"another evaluate-model run is writing {self.path}: wait for it to end or give "
+                               "this one its own --out folder") from None
 
     def __exit__(self, *_: Any) -> None:
         os.close(self.fd)  # closing drops the lock
@@ -215,12 +216,14 @@ _RUN_SETTINGS = ("model", "dataset", "level", "size", "backend", "one_shot", "te
                  "eval_devices", "eval_config", "vllm")
 
 
-def _same_settings(path: Path, cfg: ModelEvalConfig) -> None:
-    """Written by a folder's first run; a resume with other settings is refused (round 11: fp16 verdicts were
-    counted as fp32 ones)."""
+def _same_settings(path: Path, cfg: ModelEvalConfig, write: bool = False) -> None:
+    """Written (``write``) by a folder's first run once it is about to hold answers (a run that failed before,
+    say on a misspelt model, leaves nothing to hold a retry to); a resume with other settings is refused (round 11:
+    fp16 verdicts were counted as fp32 ones)."""
     mine = json.loads(json.dumps({k: getattr(cfg, k) for k in _RUN_SETTINGS}, default=str))
     if not path.exists():
-        path.write_text(json.dumps(mine, indent=1, sort_keys=True))
+        if write:
+            path.write_text(json.dumps(mine, indent=1, sort_keys=True))
         return
     try:
         theirs = json.loads(path.read_text())
