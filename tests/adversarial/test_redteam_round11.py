@@ -88,6 +88,7 @@ import threading
 from concurrent.futures import Future
 
 import pytest
+from test_redteam_round10 import _NoisyJudge as _Round10Judge
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 from kb_gym.result import EvalResult
@@ -101,26 +102,19 @@ HEAD = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    d
 PROGRAM = "```python\n" + HEAD + "```"
 
 
-class _NoisyJudge:
-    """The same correct program, one timing draw per evaluation (round 10's stand-in): what a real judge returns for a
-    1.00x kernel on a CPU or a shared GPU, without running one. Counts the evaluations it was asked for."""
+class _NoisyJudge(_Round10Judge):
+    """Round 10's stand-in (one timing draw of a 1.00x kernel per evaluation, without running one) that also counts
+    the evaluations it was asked for."""
 
-    devices = ["cpu"]
     store = None
 
     def __init__(self, speedups):
-        self.speedups = list(speedups)
+        super().__init__(speedups)
         self.calls: list[tuple[str, dict]] = []
 
     def submit(self, problem, text, **kwargs):
         self.calls.append((text, kwargs))
-        future = Future()
-        future.set_result(EvalResult(status="correct", problem_name=problem.name, level=problem.level,
-                                     speedup=self.speedups.pop(0), speed_credit=True, feedback="ok"))
-        return future
-
-    def evaluate(self, problem, text, **kwargs):
-        return self.submit(problem, text, **kwargs).result()
+        return super().submit(problem, text, **kwargs)
 
 
 class _NoisyEvaluator(Evaluator):
