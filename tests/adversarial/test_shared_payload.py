@@ -178,6 +178,19 @@ def test_an_honest_large_output_crosses_through_shared_memory_and_is_judged_as_t
     assert shm.worker["shm_payloads"] >= 3 and pipe.worker["shm_payloads"] == 0
 
 
+# Seals the runner's payload memfd against writes and growth. F_SEAL_WRITE fails (EBUSY) while a writable shared
+# mapping of it exists, and the runner keeps the one its last copy used: so the runner's mapping goes first (CI at
+# session 19: with it still mapped the seal failed, every output crossed the memfd and the attack never happened).
+SEAL = '''
+        import fcntl, gc, os
+        for writer in [o for o in gc.get_objects() if type(o).__name__ == "PayloadWriter"]:
+            writer.close()
+        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
+            try:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
+            except OSError:
+                pass'''
+
 HOSTILE = {
     # every byte it will ever send made zero: too late, the commitment was made before "done"
     "zero_the_memfd_in_a_thread": '''
@@ -194,13 +207,7 @@ HOSTILE = {
                     pass
         threading.Thread(target=spoil, daemon=True).start()''',
     # seal it against writes and growth: its own copy fails, and the bytes come through the pipe
-    "seal_the_memfd": '''
-        import fcntl, os
-        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
-            try:
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
-            except OSError:
-                pass''',
+    "seal_the_memfd": SEAL,
     # announce the outputs in the memfd but never copy them there: since the judge sizes the file before each
     # call, the announced bytes exist (zero pages, or the last call's) and are read, and they are not the outputs
     # committed to
@@ -236,13 +243,8 @@ def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
 
 
 # Seals the memfd, so that the runner says its bytes follow through the pipe; then stalls in writing them.
-STALL_AFTER_DONE = '''
-        import fcntl, os, time
-        for fd in range(3, 1024):  # a fresh-interpreter runner keeps the judge's fd number
-            try:
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW)
-            except OSError:
-                pass
+STALL_AFTER_DONE = SEAL + '''
+        import os, time
         if not getattr(os, "_stalls", False):
             plain = os.write
             os.write = lambda fd, data: time.sleep(3600) if len(data) > 1 << 20 else plain(fd, data)
