@@ -104,13 +104,9 @@ def plain_text(text: str) -> str:
     """``text`` as valid UTF-8 without control characters but newline and tab: what a candidate's message may
     carry into a result, its feedback and the policy's next prompt (round 11: a lone surrogate made at run time,
     ``chr(0xD800)``, reached the feedback and the tokenizer raised, ending the GRPO step)."""
-    if text.isprintable() or all(c.isprintable() or c in "\n\t" for c in text):
-        try:
-            text.encode("utf-8")
-            return text
-        except UnicodeEncodeError:
-            pass
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # a lone surrogate is not printable either: this one pass also leaves the text encodable as UTF-8
+    if all(c.isprintable() or c in "\n\t" for c in text):
+        return text
     return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
 
 

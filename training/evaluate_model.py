@@ -17,7 +17,8 @@ import csv
 import fcntl
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,25 +191,20 @@ def _evaluate(cfg: ModelEvalConfig, problems: list[Problem], jobs: list[tuple[Pr
     return summary
 
 
-class _only_run:  # noqa: N801 - a context manager named for what it ensures
+@contextmanager
+def _only_run(out: Path) -> Iterator[None]:
     """The folder itself locked (``flock`` on it) for the whole run: a second run into it is refused at once
     (round 11: two runs at once both evaluated every task and both appended, two rows for one sample)."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out
-        self.fd = -1
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            raise RuntimeError(f"another evaluate-model run is writing {self.path}: wait for it to end or give "
-                               "this one its own --out folder") from None
-
-    def __exit__(self, *_: Any) -> None:
-        os.close(self.fd)  # closing drops the lock
+            raise RuntimeError(f"another evaluate-model run is writing {out}: wait for it to end or give this one "
+                               "its own --out folder") from None
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 # What a folder's results depend on; ``samples`` may grow on a resume (more answers per problem), the rest may not.
