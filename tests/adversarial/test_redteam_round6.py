@@ -124,7 +124,13 @@ def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
     # 14 of tolerance on a loaded 2-core one, as CI's: next_after_poison checks which calibration judged it)
     problem = _fresh_gelu("banked_next", 512)
     first = ev.evaluate(problem, BANKED_ONLY, config=TIMED)
-    assert first.status == "runtime_error", (first.status, first.error)
+    if first.status == "correct":
+        # the attack is a race with the judge's holds (it waits for the second one): on a loaded 2-core machine
+        # it can miss, as CI saw once. Then nothing was poisoned, and the calibration that judged it must show it
+        envelope = first.correctness["envelope"]
+        assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, envelope
+    else:
+        assert first.status == "runtime_error", (first.status, first.error)
     next_after_poison(ev, problem, first, TIMED)
 
 
