@@ -1,8 +1,8 @@
-"""The judge's pool of runners: the zygote that forks them, and a pristine spare always on hand.
+"""The judge's pool of runners: the zygote that forks them, and pristine spares always on hand.
 
-``RunnerPool.take()`` hands out the spare (forked by the zygote in milliseconds, or started as a fresh
-interpreter where forking is not possible) and forks the next one at once, so start-up is hidden
-behind the evaluation; ``pristine()`` lends the spare for measurements that must run where no
+``RunnerPool.take()`` hands out the oldest spare (forked by the zygote in milliseconds, or started as a
+fresh interpreter where forking is not possible) and forks the next one at once, so start-up is hidden
+behind the evaluation; ``pristine()`` lends that spare for measurements that must run where no
 candidate ever ran (the envelope's calibration).
 """
 
@@ -91,16 +91,30 @@ class Zygote:
         sandbox.kill_and_wait(self.proc)
 
 
+# Spares kept started. The envelope's calibration needs a pristine runner right before the timing loop, and a
+# runner forked at the job's start is still starting there whenever loading and the trials take less than its
+# start-up (the H200: CUDA's context in a fresh fork, 0.3-0.85 s waited a candidate in docs/benchmarks.md 0i). With
+# two, the one that calibrates was started a whole job earlier; each job still starts one runner.
+def _spares_wanted() -> int:
+    value = os.environ.get("KB_GYM_SPARES", "2")
+    return max(1, int(value)) if value.strip().isdigit() else 2
+
+
+SPARES = _spares_wanted()
+
+
 class RunnerPool:
-    """A pristine spare per judge: ``take()`` hands it out and starts the next one at once.
+    """Pristine spares per judge, oldest first: ``take()`` hands out the oldest and starts another at once.
 
     Spares are forked by the judge's zygote; where it cannot start (KB_GYM_ZYGOTE=0 turns it off) each
-    runner is a fresh interpreter instead."""
+    runner is a fresh interpreter instead. ``pristine()`` lends the oldest, the one ``take()`` hands out
+    next: a spare that only measured the reference is still pristine."""
 
-    def __init__(self, device: str, scratch_root: Path) -> None:
+    def __init__(self, device: str, scratch_root: Path, spares: int = SPARES) -> None:
         self.device = device
         self.scratch_root = scratch_root
-        self.spare: RunnerProcess | None = None
+        self.depth = max(1, spares)
+        self.spares: list[RunnerProcess] = []
         self.started = 0
         self.zygote: Zygote | None = None
         self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
@@ -127,20 +141,25 @@ class RunnerPool:
             self.zygote.close()
             self.zygote = None
 
+    def _start(self) -> RunnerProcess:
+        self.started += 1
+        try:
+            return RunnerProcess(self.device, self.scratch_root, self._zygote())
+        except StageError as exc:  # the zygote died between its check and the fork
+            self._give_up_zygote(exc.message)
+            return RunnerProcess(self.device, self.scratch_root)
+
     def prestart(self) -> None:
-        if self.spare is None or not self.spare.alive:
-            if self.spare is not None:
-                self.spare.kill()
-            try:
-                self.spare = RunnerProcess(self.device, self.scratch_root, self._zygote())
-            except StageError as exc:  # the zygote died between its check and the fork
-                self._give_up_zygote(exc.message)
-                self.spare = RunnerProcess(self.device, self.scratch_root)
-            self.started += 1
+        """Dead spares out, and as many started as the pool keeps."""
+        for dead in [s for s in self.spares if not s.alive]:
+            dead.kill()
+            self.spares.remove(dead)
+        while len(self.spares) < self.depth:
+            self.spares.append(self._start())
 
     def take(self) -> RunnerProcess:
         self.prestart()
-        runner, self.spare = self.spare, None
+        runner = self.spares.pop(0)
         try:
             runner.wait_ready()
         except StageError as exc:
@@ -155,24 +174,25 @@ class RunnerPool:
         return runner
 
     def discard_spare(self) -> None:
-        if self.spare is not None:
-            self.spare.kill()
-            self.spare = None
+        """The oldest spare killed (it failed, or a measurement wants another process)."""
+        if self.spares:
+            self.spares.pop(0).kill()
 
     def pristine(self, timeout: float = STARTUP_TIMEOUT) -> RunnerProcess | None:
-        """The spare, up (waiting at most ``timeout`` more for it) and never given a candidate: for
+        """The oldest spare, up (waiting at most ``timeout`` more for it) and never given a candidate: for
         measurements that must run where no candidate ran. None when it failed to start."""
         try:
             self.prestart()
-            self.spare.wait_ready(timeout=max(1.0, time.monotonic() - self.spare.started + timeout))
+            spare = self.spares[0]
+            spare.wait_ready(timeout=max(1.0, time.monotonic() - spare.started + timeout))
         except StageError:
-            self.spare = None  # the next take() starts another
-        return self.spare
+            self.discard_spare()  # the next take() starts another
+            return None
+        return spare
 
     def close(self) -> None:
-        if self.spare is not None:
-            self.spare.kill()
-            self.spare = None
+        while self.spares:
+            self.spares.pop().kill()
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None
