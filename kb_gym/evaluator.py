@@ -10,11 +10,13 @@ from __future__ import annotations
 import ast
 import atexit
 import hashlib
+import io
 import os
 import queue
 import secrets
 import threading
 import time
+import tokenize
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -263,6 +265,9 @@ class Evaluator(EvaluationAPI):
             # UnicodeEncodeError) is the answer's compile error, not the caller's exception (round 10)
             return self._verdict(problem, found.code, Status.COMPILE_ERROR,
                                  f"the code cannot be parsed: {type(exc).__name__}: {str(exc)[:200]}", cfg)
+        declared = _declared_encoding(found.code)
+        if declared is not None:
+            return self._verdict(problem, found.code, Status.COMPILE_ERROR, declared, cfg)
         findings = static_findings(found.code)
         rejections = get_policy(cfg.integrity).rejections(findings)
         if rejections:
@@ -446,6 +451,21 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
 
 def _problem_fields(problem: Problem) -> dict[str, Any]:
     return {"problem_name": problem.name, "problem_id": problem.id, "level": problem.level}
+
+
+def _declared_encoding(code: str) -> str | None:
+    """Why ``code`` would not run as the text that was checked, or None. The runner imports it from a file of its
+    UTF-8 bytes, and Python decodes a file by its coding declaration (PEP 263), while the parse, the static checks
+    and every reader take the text: under ``# coding: utf-7`` a comment's ``+AAo-`` is a line break for Python
+    (``\\u000a`` under ``unicode_escape``), and whatever follows it ran unchecked (round 12)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(code.encode("utf-8", "surrogatepass")).readline)
+    except SyntaxError as exc:
+        return f"the source's coding declaration cannot be used: {exc}"
+    if encoding in ("utf-8", "utf-8-sig"):
+        return None
+    return (f"the source declares the encoding {encoding!r}, but it is run as the UTF-8 text it is: remove the "
+            "coding declaration (or declare utf-8)")
 
 
 def _hash(source: str) -> str:

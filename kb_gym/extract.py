@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 _PY_TAGS = {"", "python", "py", "python3", "py3"}
 _MODELNEW = re.compile(r"\bclass\s+ModelNew\b")
+# Where Markdown and Python end a line. str.splitlines also ends one at \x0b, \x0c, \x1c-\x1e, \x85, \u2028 and
+# \u2029, so text after "# note\u2028" in a block was a comment to every reader and code to the evaluator (round 12).
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_FENCE = re.compile(r"(`{3,}|~{3,})(.*)")  # a fence's run of backticks or tildes, then its info string
 
 
 @dataclass(frozen=True)
@@ -53,21 +57,29 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
     A line-based scan rather than one regex: adversarial text (thousands of fences) must cost
     milliseconds. An unclosed final block (a completion cut off by max_tokens) is kept so the
     compiler, not the parser, says what is wrong with it.
+
+    A block ends where Markdown ends it: at a line of the opening fence's character, at least as many
+    of them and nothing else, indented at most 3 spaces more than the opening fence. Any line that
+    began with ``` used to end it, so "    ```python" inside a string of the block (a Markdown reader's
+    code: one block) split it for the evaluator, which ran a later part of it (round 12).
     """
     blocks: list[tuple[str, str]] = []
     fence: str | None = None
+    indent = 0
     lang = ""
     body: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
+    for line in _LINE_END.split(text):
+        stripped = line.strip(" \t")  # indentation is spaces and tabs, as for Markdown and Python
         if fence is None:
             # Markdown opens a fence only at the start of a line; prose that mentions ``` does not.
-            if stripped.startswith(("```", "~~~")):
-                fence = stripped[:3]
-                words = stripped[3:].split()
+            opening = _FENCE.match(stripped)
+            if opening and not (opening[1][0] == "`" and "`" in opening[2]):  # ```x``` is inline code
+                fence, indent = opening[1], len(line) - len(line.lstrip(" \t"))
+                words = opening[2].split()
                 lang = words[0].lower() if words else ""
                 body = []
-        elif stripped.startswith(fence):
+        elif (stripped.startswith(fence) and not stripped.strip(fence[0])
+              and len(line) - len(line.lstrip(" \t")) <= indent + 3):
             blocks.append((lang, "\n".join(body)))
             fence = None
         else:

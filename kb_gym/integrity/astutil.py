@@ -119,7 +119,10 @@ def fold_str(node: ast.AST | None, lookup: Callable[[str], ast.AST | None] | Non
     ``.decode()``, slicing and the case / strip / replace methods; ``lookup`` resolves a name to the one value
     it is assigned, if any.
     """
-    value = _fold(node, lookup, 0)
+    try:
+        value = _fold(node, lookup, 0)
+    except Exception:  # noqa: BLE001 - "{0.a}".format(0), range(0, 1, 0): what Python would raise, the fold gives up on
+        return None  # (it raised out of the checks, which then returned what they had found so far: round 12)
     return value if isinstance(value, str) else None
 
 

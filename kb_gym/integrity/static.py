@@ -42,8 +42,12 @@ def static_findings(source: str) -> list[Finding]:
         st = _Structure(an)
         st.build()
         _Behaviour(an, st).run()
-    except Exception:  # noqa: BLE001 - keep what was found; the checks must never break an evaluation
-        pass
+    except Exception as exc:  # noqa: BLE001 - the checks must never break an evaluation, nor pass what they skipped
+        # What the checks did not reach is unchecked, as an oversized source is: a check that raised on one node
+        # ended the pass there, and everything after it (forward's imports, fallbacks, decoys) went unseen (round 12)
+        an.add("unchecked", None, f"the static checks failed on this source ({type(exc).__name__}), so part of it "
+               "was not checked", "fallbacks, decoys and replays may not have been checked, so the result gets no "
+               "speed credit")
     return _sorted(an.findings)
 
 

@@ -106,12 +106,17 @@ class _Structure(_CallGraph):
                             self.values.setdefault(f"v:{n.id}", []).append(node.value)
 
     def _binding_nodes(self, call: ast.Call) -> list[str]:
-        """Graph nodes bound to the result of ``call`` (``x = call``, ``self.x = call``)."""
-        out = []
-        for key, exprs in self.values.items():
-            if any(e is call for e in exprs):
-                out.append(key)
-        return out
+        """Graph nodes bound to the result of ``call`` (``x = call``, ``self.x = call``). Looked up in an index of
+        the values by identity: a scan of every value for every such call took 8 s for 4,500 ``k = triton.jit(f)``
+        lines (98 KB), in the caller's thread (round 12)."""
+        if self._bound_by is None:
+            self._bound_by = {}
+            for key, exprs in self.values.items():
+                for e in exprs:
+                    keys = self._bound_by.setdefault(id(e), [])
+                    if key not in keys:
+                        keys.append(key)
+        return list(self._bound_by.get(id(call), ()))
 
     def _collect_kernels(self) -> None:
         an = self.an

@@ -137,6 +137,9 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     if identity and result.get("status") != "incorrect":
         widened = _widened_trial(setup, extra_seed, result, state, counts)
         unverifiable = unverifiable if widened is None else widened
+        # The timed calls then run on such inputs too (job._timing): a forward that told this trial by its values
+        # (both signs) computed here and returned its input in every timed call, and passed them all (round 12).
+        state["widen"] = widened is not None
     if degenerate:
         result["flags"].append("degenerate_problem")
     if unverifiable and result.get("status") != "incorrect":

@@ -25,7 +25,7 @@ import torch
 from kb_gym.worker import build_cache, burst, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, run_trials
+from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, run_trials, trivial_outputs
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
@@ -306,7 +306,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if state.get("runner") is not None:
             state["chunk_bytes"] = _chunk_bytes(job["config"], state, result)
             state["calibration"] = _calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype,
-                                                deadline, state["chunk_bytes"])
+                                                deadline, state["chunk_bytes"], widen=bool(state.get("widen")))
         _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     finally:  # a timing cut short by a verdict still held the device
         stages["timing"] = time.perf_counter() - t0
@@ -324,7 +324,7 @@ def _chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, A
 
 def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
                  spare: RunnerProcess | None, dtype: torch.dtype, deadline: float,
-                 chunk_bytes: int = 0, reuse: bool = True) -> Calibration | None:
+                 chunk_bytes: int = 0, reuse: bool = True, widen: bool = False) -> Calibration | None:
     """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
     a fork of the same zygote that has run no candidate code, through the same path, under the device
     lock and right before the loop, interleaved with baseline calls as the loop is, the candidate's
@@ -333,8 +333,8 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     could measure it: the envelope is then reported, not charged."""
     cfg = job["config"]
     tf32 = bool(cfg.get("tf32", False))
-    # the path a call takes (whole outputs or chunks) is part of its overhead
-    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes)
+    # the path a call takes (whole outputs or chunks) is part of its overhead, and so is building widened inputs
+    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes, widen)
     kept = ctx.calibrations.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
         return kept[1]
@@ -349,7 +349,8 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     with runner.frozen():
         try:
             calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
-                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes)
+                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes,
+                                             widen=widen)
         except StageError:
             ctx.pool.discard_spare()
             return None
@@ -375,11 +376,12 @@ OutputCheck = Callable[[Any, Any, int], "str | None"]  # (candidate's outputs, r
 
 
 def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype: torch.dtype, atol: float,
-                       rtol: float, result: dict[str, Any], state: dict[str, Any]) -> OutputCheck:
+                       rtol: float, result: dict[str, Any], state: dict[str, Any], widen: bool = False) -> OutputCheck:
     """How a timed call's outputs are checked against the reference's on the same seed: why they are wrong, or
     None. A narrow miss gets the float64 second opinion here too, whether or not the correctness trials needed
     it: their few inputs can all fall where the fp32 reference is exact, and then a kernel more exact than the
-    reference failed on a timed call (found on the H200: a float64-accumulating mat-vec at K = 65536)."""
+    reference failed on a timed call (found on the H200: a float64-accumulating mat-vec at K = 65536). ``widen``: the
+    calls' inputs were widened (time_pair), and so are the float64 opinion's."""
 
     previous: list[torch.Tensor] = []  # the last timed call's answer, on a degenerate problem (small outputs)
 
@@ -395,10 +397,16 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
         # an answer memorised once the trials were over passed every timed call (round 7: 5-7x, correct).
         degenerate = "degenerate_problem" in result.get("flags", ())
         others = previous[:] if degenerate else []
-        cmp = compare_outputs(cand_out, ref_out, atol, rtol, other_answers=others)
+        # ... and the trivial outputs too (zeros, the input), as a trial's: where the input is within the tolerance
+        # of the answer on inputs of both signs as well (no widened trial then), returning it once the trials were
+        # over passed every timed call (round 12: x + 2e-5 * tanh(3x), correct at 36-39x for a true 1x)
+        inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen) if degenerate else None
+        trivial = trivial_outputs(ref_out, inputs) if inputs is not None else None
+        cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial, others)
         if not cmp.ok and near_miss(cmp):  # the float64 second opinion holds it to the other answer too
-            inputs = make_inputs(ref_mod, seed, device, dtype)
-            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, None, others)
+            if inputs is None:
+                inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
+            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, trivial, others)
         if degenerate:
             answers = [r for r in flatten_outputs(ref_out) if r.is_floating_point()]
             previous[:] = answers if sum(r.numel() for r in answers) <= KEPT_ANSWER_ELEMENTS else []
@@ -416,7 +424,11 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
         baseline_fn = _compile_baseline(ctx, job, ref_mod, ref_model, dtype)
     cached = job.get("cached_baseline") if runner is not None else None
 
-    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state)
+    # On a problem whose own inputs make the output its input, the widened trial judged a kernel against a copy; a
+    # forward that tells that trial by its values (both signs) returned its input in every timed call (round 12), so
+    # the timed calls get such inputs too (the burst check keeps the problem's own: it only charges time).
+    widen = bool(state.get("widen"))
+    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen)
 
     def call_timeout() -> float:
         left = deadline - time.monotonic()
@@ -432,7 +444,7 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
             max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
             max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
             byte_limit=state.get("byte_limit", 1 << 30), calibration=calibration,
-            chunk_bytes=state.get("chunk_bytes", 0))
+            chunk_bytes=state.get("chunk_bytes", 0), widen=widen)
 
     try:
         timing = timed_loop(state.get("calibration"))
@@ -442,7 +454,9 @@ def _timing(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: An
                 timing = _retime(timing, timed_loop, deadline)
         if runner is not None and cfg.get("burst_check"):
             burst.confirm(runner, timing, _spare_share(ctx, job, runner, deadline, call_timeout),
-                          lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner), check,
+                          lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner),
+                          timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state)
+                          if widen else check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
                           call_timeout)
     except StageError as exc:
@@ -507,7 +521,7 @@ def _second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_m
     ctx.pool.discard_spare()  # another process: the drift is between processes as much as over time
     spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
     fresh = _calibration(ctx, job, ref_mod, ref_model, runner, spare, dtype, deadline, state.get("chunk_bytes", 0),
-                         reuse=False)
+                         reuse=False, widen=bool(state.get("widen")))
     first = timing.calibration
     if fresh is None or first is None:
         return
@@ -562,8 +576,8 @@ def _timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result:
         flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
         if charged.get("counted") and flag not in result["flags"]:
             result["flags"].append(flag)
-    if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.launches == 0:
-        result["flags"].append("fallback")  # its own kernels in the trials, none while timed
+    if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.unlaunched:
+        result["flags"].append("fallback")  # its own kernels in the trials, none in a timed call
     floor = state.get("floor_ms")
     if floor and result.get("runtime_ms"):
         result["speed_of_light_fraction"] = floor / SOL_MARGIN / result["runtime_ms"]

@@ -80,6 +80,9 @@ class PairedTiming:
     mismatch: str | None = None
     seconds: float = 0.0
     launches: int = 0
+    # the candidate's timed calls (warm-up included) that launched none of its kernels: one launch in the warm-up
+    # call, PyTorch after, kept ``fallback`` away while only the stage's total was asked for (round 12)
+    unlaunched: int = 0
     second_calibration: bool = False  # an excess over the tolerance was measured again: see job._second_opinion
     retimed: bool = False  # ... and the whole loop timed again, the run with the smaller excess kept: job._retime
     burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
@@ -144,9 +147,9 @@ class PairedTiming:
 
 
 def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
-               flusher: CacheFlusher, side: Side | None) -> Any:
+               flusher: CacheFlusher, side: Side | None, widen: bool = False) -> Any:
     t0 = _perf_counter()
-    inputs = make_inputs(ref_mod, seed, device, dtype)
+    inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
     out, ms, host = timed_call(fn, inputs, device, flusher)
     envelope = (_perf_counter() - t0) * 1e3
     if side is not None:
@@ -157,13 +160,13 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
 
 
 def reference_outputs(ref_model: Any, ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
-                       runner: RunnerProcess) -> Any:
+                       runner: RunnerProcess, widen: bool = False) -> Any:
     """The reference's outputs for checking a candidate timed against a cached baseline: computed with the
     runner frozen and finished on the GPU before the candidate's call starts. Left queued, they ran inside
     the candidate's events (H200, "rl" preset: an honest 9.9 ms matmul measured 11.3 ms, a 2.3 ms
     convolution 3.6 ms, both flagged side_stream)."""
     with runner.frozen(), torch.no_grad():
-        out = ref_model(*make_inputs(ref_mod, seed, device, dtype))
+        out = ref_model(*make_inputs(ref_mod, seed, device, dtype, widen=widen))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return out
@@ -171,7 +174,7 @@ def reference_outputs(ref_model: Any, ref_mod: Any, seed: int, device: torch.dev
 
 def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_mod: Any, device: torch.device,
                        dtype: torch.dtype, flusher: CacheFlusher, seeds: list[int],
-                       timeout: float, chunk_bytes: int = 0) -> Calibration | None:
+                       timeout: float, chunk_bytes: int = 0, widen: bool = False) -> Calibration | None:
     """The runner's own per-call overhead (the judge's clock minus the events), measured on the reference
     while the runner is pristine, through the very path a candidate's timed call takes and interleaved with
     the judge's baseline calls as in the timing loop (a process woken after the other one ran is slower to
@@ -182,10 +185,10 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
         # and continued wakes colder (the H200: a reference copy of a 5 us softmax paid ~0.09 ms more per call
         # than a spare that was never stopped, and its envelope counted that as hidden work: speedup 0.055).
         with runner.frozen():
-            _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
+            _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None, widen)
         # Outputs and all, as a candidate's call: copying them out leaves the host as cold for the next call.
         reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference",
-                            chunk_bytes=chunk_bytes)
+                            chunk_bytes=chunk_bytes, widen=widen)
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
             gaps.append(reply.envelope_ms - reply.event_ms)
     if not gaps:
@@ -198,14 +201,16 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
               device: torch.device, dtype: torch.dtype, flusher: CacheFlusher,
               check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int, max_reps: int,
               target_rel_ci: float, max_seconds: float, call_timeout: Callable[[], float],
-              byte_limit: int, calibration: Calibration | None = None, chunk_bytes: int = 0) -> PairedTiming:
+              byte_limit: int, calibration: Calibration | None = None, chunk_bytes: int = 0,
+              widen: bool = False) -> PairedTiming:
     """Interleave baseline and candidate calls (alternating which goes first) until the speedup's
     interval is tight enough, the repetition cap, or the time budget.
 
     ``base_fn`` None: a cached baseline; the reference's outputs are still computed (untimed) to
     check every timed candidate output. ``chunk_bytes``: the candidate's outputs are spot-checked on chunks
     of that size (spot_check.py), the calibration having been measured the same way. ``runner`` None: a
-    baseline-only job (fills the cache).
+    baseline-only job (fills the cache). ``widen``: every call's inputs are the widened trial's kind (3 * randn), on a
+    problem whose own inputs make the output its input (correctness._widened_trial).
     """
     began = _perf_counter()
     ref, cand = Side(), Side()
@@ -214,8 +219,10 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
-        reply = runner.call(seed, timeout=call_timeout(), byte_limit=byte_limit, timed=True, chunk_bytes=chunk_bytes)
+        reply = runner.call(seed, timeout=call_timeout(), byte_limit=byte_limit, timed=True, chunk_bytes=chunk_bytes,
+                            widen=widen)
         timing.launches += reply.launches
+        timing.unlaunched += reply.launches == 0
         if side is not None:
             side.event_ms.append(reply.event_ms if reply.event_ms is not None else reply.envelope_ms)
             side.envelope_ms.append(reply.envelope_ms)
@@ -226,7 +233,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     for _ in range(warmup):
         seed = fresh_seed()
         if timed_base:
-            _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None)
+            _base_call(base_fn, ref_mod, seed, device, dtype, flusher, None, widen)
         if runner is not None:
             candidate(seed, None)
     deadline = began + max_seconds
@@ -237,9 +244,9 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
             if side == 0:
                 if timed_base:
                     with runner.frozen() if runner is not None else contextlib.nullcontext():
-                        outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref)
+                        outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref, widen)
                 elif runner is not None:  # a cached baseline: its outputs still check the candidate's
-                    outs[0] = reference_outputs(ref_model, ref_mod, seed, device, dtype, runner)
+                    outs[0] = reference_outputs(ref_model, ref_mod, seed, device, dtype, runner, widen)
             elif runner is not None:
                 outs[1] = candidate(seed, cand).outputs
         timing.reps += 1
