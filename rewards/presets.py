@@ -24,6 +24,7 @@ from kb_gym.rewards.registry import finite, register_reward
 DEFAULT_PENALISED_FLAGS: frozenset[str] = frozenset(
     {
         "no_custom_kernel",
+        "token_kernel",
         "fallback",
         "decoy",
         "input_mutation",

@@ -25,7 +25,7 @@ STATIC_FLAGS = frozenset({
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
     "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic", "ill_conditioned",
-    "launch_bound",
+    "launch_bound", "token_kernel",
 })
 ALWAYS_FAIL = frozenset({"tampering", "timing_mismatch"})
 
@@ -50,6 +50,7 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "unlisted_import": "imports a module outside the allowlist of kernel modules",
     "unchecked": "too large for the static checks; only a line scan ran",
     "no_custom_kernel": "no kernel of the candidate's own ran in forward",
+    "token_kernel": "its own kernels ran, but forward gave the right answer with them doing nothing",
     "input_mutation": "forward wrote to its inputs",
     "side_stream": "work ran on another stream after forward returned",
     "launch_bound": "back to back, forward cost its host (launch) time, more than its GPU time; it was charged that",

@@ -42,8 +42,8 @@ POLICIES: dict[str, IntegrityPolicy] = {
         name="strict",
         reject=frozenset({"harness_patch", "timer_patch", "introspection", "concurrency", "io_escape",
                           "tensor_subclass", "star_import"}) | ALWAYS_FAIL,
-        no_speed_credit=frozenset({"no_custom_kernel", "fallback", "decoy", "input_mutation", "side_stream",
-                                   "excessive_speedup", "nondeterministic", "replay", "precision_change",
+        no_speed_credit=frozenset({"no_custom_kernel", "token_kernel", "fallback", "decoy", "input_mutation",
+                                   "side_stream", "excessive_speedup", "nondeterministic", "replay", "precision_change",
                                    "dynamic_code", "unchecked", "unverifiable_output", "pytorch_compiler",
                                    "unlisted_import"}),
         description="default: reject harness, timer, introspection, concurrency, I/O and tensor-subclass "

@@ -4,6 +4,7 @@ from its runner, the reference's from the judge's own model, and every check on 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,3 +230,19 @@ def trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
     trivial = [torch.zeros_like(r) for r in refs if r.is_floating_point()]
     trivial += [x for x in inputs[:1] if isinstance(x, torch.Tensor) and x.is_floating_point()]
     return trivial
+
+
+def kernels_needed(runner: RunnerProcess, seed: int, reference: Callable[[int], Any],
+                   check: Callable[[Any, Any, int], str | None], *, timeout: float, byte_limit: int,
+                   chunk_bytes: int = 0, widen: bool = False) -> bool:
+    """Whether the candidate's answer needs its own kernels: one forward on fresh inputs with them doing nothing
+    (launches.py). A launch count cannot tell a kernel that computes the answer from one that touches one element
+    of a PyTorch answer (round 12: the reference plus a one-element Triton kernel kept its speed credit); a right
+    answer without the kernels can. Anything else (a wrong answer, an exception, a crash, a hang) says they were
+    needed. Run last, on a runner nothing else will use: what a skipped kernel leaves behind harms no later call."""
+    try:
+        reply = runner.call(seed, timeout=timeout, byte_limit=byte_limit, timed=bool(chunk_bytes),
+                            chunk_bytes=chunk_bytes, widen=widen, knockout=True)
+        return check(reply.outputs, reference(seed), seed) is not None
+    except Exception:  # noqa: BLE001 - StageError or what the judgement of spoiled outputs raises: kernels matter
+        return True

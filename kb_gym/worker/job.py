@@ -25,7 +25,7 @@ import torch
 from kb_gym.worker import build_cache, burst, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, run_trials, trivial_outputs
+from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, kernels_needed, run_trials, trivial_outputs
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
@@ -292,6 +292,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
 
     # --- timing ---------------------------------------------------------------------------------
     if not cfg["timing"]:
+        _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
         result.setdefault("status", "correct")
         return
     _stage(ctx, state, "timing")
@@ -308,9 +309,30 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             state["calibration"] = _calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype,
                                                 deadline, state["chunk_bytes"], widen=bool(state.get("widen")))
         _timing(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
+        _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, deadline)
     finally:  # a timing cut short by a verdict still held the device
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
+
+
+def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype, atol: float,
+              rtol: float, result: dict[str, Any], state: dict[str, Any], deadline: float) -> None:
+    """``token_kernel`` where the candidate's kernels ran but its answer did not need them (correctness.kernels_needed):
+    the job's last call, on a runner nothing else will use. Skipped with under a second of the stage left."""
+    runner = state.get("runner")
+    left = deadline - time.monotonic()
+    if (runner is None or left < 1.0 or not result.get("correct") or result.get("status") == "incorrect"
+            or not result.get("custom_kernel_launches")):
+        return
+    widen = bool(state.get("widen"))
+    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen)
+    seed = ctx.seed(int(job["seed"]), "knockout")
+    needed = kernels_needed(runner, seed,
+                            lambda s: reference_outputs(ref_model, ref_mod, s, ctx.device, dtype, runner, widen),
+                            check, timeout=min(left, 10.0), byte_limit=state.get("byte_limit", 1 << 30),
+                            chunk_bytes=state.get("chunk_bytes", 0), widen=widen)
+    if not needed and "token_kernel" not in result["flags"]:
+        result["flags"].append("token_kernel")
 
 
 def _chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, Any]) -> int:

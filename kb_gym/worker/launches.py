@@ -2,6 +2,10 @@
 
 Installed once in the worker before any candidate is imported. A candidate whose forward launches
 none of its own kernels earns the ``no_custom_kernel`` flag.
+
+With ``knockout`` set (one call at the end of a job, ``correctness.kernels_needed``) the same hooks make those
+kernels do nothing: a Triton launch is skipped, an extension function runs on copies of its arguments and
+its tensor results are spoiled. A forward whose answer is still right did not need its kernels.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ class LaunchCounter:
     def __init__(self) -> None:
         self.count = 0
         self.backends: set[str] = set()
+        self.knockout = False
 
     def reset(self) -> None:
         self.count = 0
@@ -44,6 +49,8 @@ class LaunchCounter:
                 if not kwargs.get("warmup", False):
                     self.count += 1
                     self.backends.add("triton")
+                    if self.knockout:
+                        return None
                 return _original(kernel, *args, **kwargs)
 
             run._kb_counted = True  # type: ignore[attr-defined]
@@ -82,6 +89,9 @@ class CountingModule:
             def call(*args: Any, **kwargs: Any) -> Any:
                 counter.count += 1
                 counter.backends.add("cuda")
+                if counter.knockout:
+                    copied = dict(zip(kwargs, _copies(kwargs.values()), strict=True))
+                    return _spoiled(value(*_copies(args), **copied))
                 return value(*args, **kwargs)
 
             return call
@@ -89,3 +99,34 @@ class CountingModule:
 
     def __dir__(self) -> list[str]:
         return dir(self._module)
+
+
+def _copies(values: Any) -> list[Any]:
+    """Tensors (and lists of them) copied: what a function writes in place is lost."""
+    import torch
+
+    def copy(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.clone()
+        if isinstance(v, (list, tuple)):
+            return type(v)(copy(x) for x in v)
+        return v
+
+    return [copy(v) for v in values]
+
+
+def _spoiled(result: Any) -> Any:
+    """The function's tensor results overwritten: NaN where floating, random values elsewhere (an index output
+    left as computed would still be right)."""
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        with torch.no_grad():
+            if result.is_floating_point() or result.is_complex():
+                result.fill_(float("nan"))
+            else:
+                result.random_()
+    elif isinstance(result, (list, tuple)):
+        for r in result:
+            _spoiled(r)
+    return result

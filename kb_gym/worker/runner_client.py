@@ -315,15 +315,17 @@ class RunnerProcess:
         return self.pch
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
-             check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0) -> CallReply:
+             check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0,
+             knockout: bool = False) -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
-        ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py)."""
+        ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py). ``knockout``:
+        the candidate's own kernels do nothing in this forward (launches.py)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
-                    "check_mutation": check_mutation, "target": target, "nonce": nonce,
+                    "check_mutation": check_mutation, "target": target, "nonce": nonce, "knockout": knockout,
                     "chunk_bytes": chunk_bytes if timed else 0, "digest": "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3

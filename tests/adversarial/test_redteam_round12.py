@@ -2,7 +2,7 @@
 checks and the extraction of the answer's code (session 20, a helper's pass with the source open).
 
 Each test asserts what a sound judge does. The holes below were reproduced 3 of 3 times when this pass was made and
-fixed in the same session (each "Fixed:" line says how); the one left open is an ``xfail(strict=True)`` test. The
+fixed in the same session (each "Fixed:" line says how). The
 candidates run with ``integrity="off"`` where the runtime alone must hold, ``strict`` where the static checks are the
 attack's target.
 
@@ -69,13 +69,17 @@ Attacks, their mechanism, what happened:
 
 Found, not fixed (design, reported):
 
-6. (open) A token kernel earns the speed credit. ``no_custom_kernel`` is decided by the launch count alone: the
-   reference's own PyTorch code plus one launch of a kernel that loads and stores one element of the output is
+6. (hole) A token kernel earns the speed credit. ``no_custom_kernel`` was decided by the launch count alone: the
+   reference's own PyTorch code plus one launch of a kernel that loads and stores one element of the output was
    ``correct`` with speed credit under ``strict`` (3 of 3; reward 0.4 + speed against -0.1 for the plain copy, the
-   learning check's most common "correct" answer). A ``load_inline`` function that calls ``torch::`` ops counts the
-   same (``launches.CountingModule`` counts every call of the module's functions; measured once: ``x * 2.0 + 1.0``
-   in a C++ ``load_inline`` function, ``correct``, no flag, speed credit). A launch count cannot tell a kernel that
-   computes the answer from one that touches it; that needs the share of the forward's work or time its kernels do.
+   learning check's most common "correct" answer). Fixed (in the session, after the helper's pass): the job's last
+   call runs forward once more on fresh inputs with the candidate's own kernels doing nothing (a Triton launch
+   skipped; an extension function run on copies of its arguments, its tensor results spoiled:
+   ``launches.LaunchCounter.knockout``); a right answer then is ``token_kernel``, no speed credit
+   (``correctness.kernels_needed``, ``job._knockout``). Open beside it: a ``load_inline`` function that computes
+   the answer with ``torch::`` ops is a kernel to the knockout too (measured once: ``x * 2.0 + 1.0`` in a C++
+   function, ``correct``, no flag, speed credit); and a candidate that reads our source can tell the knocked-out
+   call (its kernel's side effect missing) and spoil its own answer there (the counter is in its process).
 
 All evaluations run on one CPU Evaluator of the module.
 """
@@ -411,7 +415,7 @@ def test_markdown_line_ends_still_split():
         assert extract_code(text).code.replace(end, "\n").rstrip("\n") == block.rstrip("\n"), repr(end)
 
 
-# --- 6. (open) a token kernel beside PyTorch ----------------------------------------------------------------------
+# --- 6. a token kernel beside PyTorch -------------------------------------------------------------------------------
 
 TOKEN_KERNEL = HEAD + """import triton
 import triton.language as tl
@@ -429,10 +433,34 @@ class ModelNew(nn.Module):
         return y
 """
 
+SCALE_KERNEL = HEAD + """import triton
+import triton.language as tl
 
-@pytest.mark.xfail(strict=True, reason="open: the launch count cannot tell a kernel that computes the answer from one "
-                                       "that touches one element of it (round 12, attack 6)")
-def test_a_token_kernel_beside_pytorch_earns_no_speed_credit(ev):
-    r = ev.evaluate(SCALE, TOKEN_KERNEL, config=CHECK)
+
+@triton.jit
+def _scale_shift(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0 + 1.0, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        _scale_shift[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+"""
+
+
+@pytest.mark.parametrize("config", [CHECK, TIMED], ids=["untimed", "timed"])
+def test_a_token_kernel_beside_pytorch_earns_no_speed_credit(ev, config):
+    r = ev.evaluate(SCALE, TOKEN_KERNEL, config=config)
     assert r.status == "correct", (r.status, r.error)
-    assert r.speed_credit is False, (r.flags, r.custom_kernel_launches)
+    assert "token_kernel" in r.flags and r.speed_credit is False, (r.flags, r.custom_kernel_launches)
+
+
+def test_a_kernel_that_computes_the_answer_keeps_its_credit(ev):
+    r = ev.evaluate(SCALE, SCALE_KERNEL, config=CHECK)
+    assert r.status == "correct" and r.custom_kernel_launches, (r.status, r.error)
+    assert "token_kernel" not in r.flags and r.speed_credit is True, r.flags
