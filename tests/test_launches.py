@@ -52,3 +52,31 @@ def test_the_knockout_loses_what_an_extension_writes_and_spoils_what_it_returns(
     assert counter.count == 3, "the calls still count"
     counter.knockout = False
     assert torch.equal(ext.scaled(x), x * 2)
+
+
+def test_on_a_gpu_only_extensions_that_define_a_device_kernel_count(monkeypatch, tmp_path):
+    """An extension function that computes with ``torch::`` ops is PyTorch under another name (round 12: ``x * 2 + 1``
+    in a C++ function kept its speed credit): on a GPU an extension counts only where its CUDA sources define a
+    ``__global__`` function. On the CPU every extension counts (CPU tests build C++ ones)."""
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setattr(cpp, "load_inline", lambda *a, **k: _extension())
+    monkeypatch.setattr(cpp, "load", lambda *a, **k: _extension())
+    monkeypatch.setattr(LaunchCounter, "_hook_triton", lambda self: None)  # Triton's classes stay as they are here
+    counter = LaunchCounter(device_kernels_only=True)
+    counter.install()
+    kernel = "__global__ void k(float* x) { x[0] = 1.0f; }\n"
+    wrapper_only = "torch::Tensor scaled(torch::Tensor x) { return x * 2 + 1; }\n"
+    assert isinstance(cpp.load_inline("a", "", cuda_sources=[kernel]), CountingModule)
+    assert isinstance(cpp.load_inline("b", "", [kernel, wrapper_only]), CountingModule)
+    assert not isinstance(cpp.load_inline("c", "", cuda_sources=wrapper_only), CountingModule)
+    assert not isinstance(cpp.load_inline("d", wrapper_only), CountingModule)
+    cu = tmp_path / "k.cu"
+    cu.write_text(kernel)
+    assert isinstance(cpp.load("e", sources=[str(cu)]), CountingModule)
+    cu.write_text(wrapper_only)
+    assert not isinstance(cpp.load("f", [str(cu)]), CountingModule)
+    on_cpu = LaunchCounter()
+    monkeypatch.setattr(cpp, "load_inline", lambda *a, **k: _extension())
+    on_cpu.install()
+    assert isinstance(cpp.load_inline("g", wrapper_only), CountingModule)

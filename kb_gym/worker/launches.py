@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import functools
 import types
+from pathlib import Path
 from typing import Any
 
 
 class LaunchCounter:
-    def __init__(self) -> None:
+    def __init__(self, device_kernels_only: bool = False) -> None:
         self.count = 0
         self.backends: set[str] = set()
         self.knockout = False
+        # On a GPU an extension's functions count only where its CUDA sources define a kernel (``__global__``): a
+        # function that computes with ``torch::`` ops is PyTorch under another name (round 12)
+        self.device_kernels_only = device_kernels_only
 
     def reset(self) -> None:
         self.count = 0
@@ -65,12 +69,32 @@ class LaunchCounter:
                 continue
 
             @functools.wraps(original)
-            def loader(*args: Any, _original=original, **kwargs: Any) -> Any:
+            def loader(*args: Any, _original=original, _name=name, **kwargs: Any) -> Any:
                 module = _original(*args, **kwargs)
-                return CountingModule(module, self) if isinstance(module, types.ModuleType) else module
+                if not isinstance(module, types.ModuleType):
+                    return module
+                if self.device_kernels_only and not _defines_device_kernel(_name, args, kwargs):
+                    return module
+                return CountingModule(module, self)
 
             loader._kb_counted = True  # type: ignore[attr-defined]
             setattr(cpp, name, loader)
+
+
+def _defines_device_kernel(loader: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the CUDA sources given to ``load_inline`` (or the ``.cu`` files given to ``load``) define a
+    ``__global__`` function. Unreadable sources count as defining one: the count stays what it was."""
+    try:
+        if loader == "load_inline":
+            sources = kwargs.get("cuda_sources", args[2] if len(args) > 2 else None)
+            texts = [sources] if isinstance(sources, str) else list(sources or [])
+        else:
+            files = kwargs.get("sources", args[1] if len(args) > 1 else [])
+            files = [files] if isinstance(files, str) else list(files)
+            texts = [Path(f).read_text(errors="replace") for f in files if str(f).endswith((".cu", ".cuh"))]
+        return any("__global__" in str(t) for t in texts)
+    except Exception:  # noqa: BLE001
+        return True
 
 
 class CountingModule:

@@ -102,7 +102,7 @@ class Runner:
         self.scratch = scratch
         self.send = send
         self.send_tensors = send_tensors
-        self.counter = LaunchCounter()
+        self.counter = LaunchCounter(device_kernels_only=self.device.type == "cuda")
         self.counter.install()
         self.flusher = CacheFlusher(self.device)
         self.ref_mod: Any = None

@@ -76,10 +76,13 @@ Found, not fixed (design, reported):
    call runs forward once more on fresh inputs with the candidate's own kernels doing nothing (a Triton launch
    skipped; an extension function run on copies of its arguments, its tensor results spoiled:
    ``launches.LaunchCounter.knockout``); a right answer then is ``token_kernel``, no speed credit
-   (``correctness.kernels_needed``, ``job._knockout``). Open beside it: a ``load_inline`` function that computes
-   the answer with ``torch::`` ops is a kernel to the knockout too (measured once: ``x * 2.0 + 1.0`` in a C++
-   function, ``correct``, no flag, speed credit); and a candidate that reads our source can tell the knocked-out
-   call (its kernel's side effect missing) and spoil its own answer there (the counter is in its process).
+   (``correctness.kernels_needed``, ``job._knockout``). Beside it: a ``load_inline`` function that computes the
+   answer with ``torch::`` ops was a kernel too (measured once: ``x * 2.0 + 1.0`` in a C++ function, ``correct``,
+   no flag, speed credit); on a GPU an extension now counts only where its CUDA sources define a ``__global__``
+   function (``launches._defines_device_kernel``; tests/test_launches.py, the CPU counts every C++ extension).
+   Open: such a function beside a ``__global__`` it never launches; and a candidate that reads our source can tell
+   the knocked-out call (its kernel's side effect missing) and spoil its own answer there (the counter is in its
+   process).
 
 All evaluations run on one CPU Evaluator of the module.
 """
