@@ -321,7 +321,7 @@ def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: 
     the job's last call, on a runner nothing else will use. Skipped with under a second of the stage left."""
     runner = state.get("runner")
     left = deadline - time.monotonic()
-    if (runner is None or left < 1.0 or not result.get("correct") or result.get("status") == "incorrect"
+    if (runner is None or left < 1.0 or not result.get("correct") or result.get("status") not in (None, "correct")
             or not result.get("custom_kernel_launches")):
         return
     widen = bool(state.get("widen"))
