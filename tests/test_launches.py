@@ -1,12 +1,15 @@
 """The launch counter's knockout (kb_gym/worker/launches.py): with it set, the candidate's own kernels do nothing,
-so a forward that still answers right did not need them (``token_kernel``)."""
+so a forward that still answers right did not need them (``token_kernel``). And which CUDA sources count as
+launching a kernel of their own (kb_gym/worker/cuda_source.py)."""
 
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
+from kb_gym.worker.cuda_source import code_only, defined_kernels, launches_own_kernel
 from kb_gym.worker.launches import CountingModule, LaunchCounter
 
 
@@ -65,7 +68,7 @@ def test_on_a_gpu_only_extensions_that_define_a_device_kernel_count(monkeypatch,
     monkeypatch.setattr(LaunchCounter, "_hook_triton", lambda self: None)  # Triton's classes stay as they are here
     counter = LaunchCounter(device_kernels_only=True)
     counter.install()
-    kernel = "__global__ void k(float* x) { x[0] = 1.0f; }\n"
+    kernel = "__global__ void k(float* x) { x[0] = 1.0f; }\nvoid run(float* x) { k<<<1, 1>>>(x); }\n"
     wrapper_only = "torch::Tensor scaled(torch::Tensor x) { return x * 2 + 1; }\n"
     assert isinstance(cpp.load_inline("a", "", cuda_sources=[kernel]), CountingModule)
     assert isinstance(cpp.load_inline("b", "", [kernel, wrapper_only]), CountingModule)
@@ -80,3 +83,62 @@ def test_on_a_gpu_only_extensions_that_define_a_device_kernel_count(monkeypatch,
     monkeypatch.setattr(cpp, "load_inline", lambda *a, **k: _extension())
     on_cpu.install()
     assert isinstance(cpp.load_inline("g", wrapper_only), CountingModule)
+
+
+KERNEL = (
+    "__global__ void scale_k(const float* x, float* y, long n) { long i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n"
+)
+TORCH_OPS = "torch::Tensor run(torch::Tensor x) { return x * 2; }\n"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # the decoration of round 12's leftover: a kernel in a comment, in a string, or defined and never launched
+        "// __global__ void scale_k(float* x) {}\n" + TORCH_OPS,
+        "/* __global__ void scale_k(float* x) {}\n scale_k<<<1, 1>>>(x); */\n" + TORCH_OPS,
+        'const char* s = "__global__ void scale_k(float* x) { } scale_k<<<1,1>>>(x);";\n' + TORCH_OPS,
+        'const char* s = R"raw(__global__ void scale_k(float* x) { } scale_k<<<1,1>>>(x);)raw";\n' + TORCH_OPS,
+        KERNEL + TORCH_OPS,
+        KERNEL + "torch::Tensor run(torch::Tensor x) { (void)scale_k; /* scale_k<<<1, 1>>> */ return x * 2; }\n",
+        KERNEL + "torch::Tensor run(torch::Tensor x) { // scale_k<<<1, 1>>>(x, x, 0);\n return x * 2; }\n",
+        "torch::Tensor run(torch::Tensor x) { return x * 2; }  // other_k<<<1, 1>>>\n",
+    ],
+)
+def test_a_kernel_that_is_not_launched_does_not_make_torch_ops_a_kernel(source):
+    assert not launches_own_kernel([source])
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        "scale_k<<<blocks, 256>>>(x, y, n);",
+        "scale_k <<< blocks, 256, 0, stream >>> (x, y, n);",
+        "cudaLaunchKernel((const void*)scale_k, grid, block, args, 0, stream);",
+        "cudaLaunchKernel(reinterpret_cast<void*>(&scale_k), grid, block, args, 0, nullptr);",
+    ],
+)
+def test_a_launched_kernel_counts(launch):
+    assert launches_own_kernel([KERNEL, "void run(const float* x, float* y, long n) {\n  " + launch + "\n}\n"])
+
+
+def test_templates_launch_bounds_extern_c_and_launch_macros_are_read():
+    templated = (
+        'template <typename T, int N>\nextern "C" __global__ void __launch_bounds__(256, 2) tile_k(const T* x) {}\n'
+        "void run(const float* x) { tile_k<float, Tile<4>::value><<<1, 256>>>(x); }\n"
+    )
+    assert defined_kernels(templated) == ["tile_k"]
+    assert launches_own_kernel([templated])
+    by_macro = (
+        KERNEL
+        + "#define LAUNCH(k, n) k<<<((n) + 255) / 256, 256>>>\nvoid run(float* x, float* y, long n) { LAUNCH(scale_k, n)(x, y, n); }\n"
+    )
+    assert launches_own_kernel([by_macro])
+    # a kernel defined in one source and launched from another of the same extension
+    assert launches_own_kernel([KERNEL, "void run(float* x, float* y, long n) { scale_k<<<1, 32>>>(x, y, n); }"])
+
+
+def test_blanking_keeps_code_and_drops_comments_and_literals():
+    code = code_only('int a = 1; // x\nconst char* s = "/* not a comment"; /* gone */ char c = \'"\'; int b = 2;')
+    assert "int a = 1;" in code and "int b = 2;" in code
+    assert "gone" not in code and "not a comment" not in code and "x" not in code.replace("\n", "")

@@ -15,14 +15,17 @@ import types
 from pathlib import Path
 from typing import Any
 
+from kb_gym.worker.cuda_source import launches_own_kernel
+
 
 class LaunchCounter:
     def __init__(self, device_kernels_only: bool = False) -> None:
         self.count = 0
         self.backends: set[str] = set()
         self.knockout = False
-        # On a GPU an extension's functions count only where its CUDA sources define a kernel (``__global__``): a
-        # function that computes with ``torch::`` ops is PyTorch under another name (round 12)
+        # On a GPU an extension's functions count only where its CUDA sources launch a kernel of their own
+        # (``__global__``): a function that computes with ``torch::`` ops is PyTorch under another name (round 12),
+        # and a ``__global__`` in a comment or never launched beside it changes nothing
         self.device_kernels_only = device_kernels_only
 
     def reset(self) -> None:
@@ -82,8 +85,9 @@ class LaunchCounter:
 
 
 def _defines_device_kernel(loader: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether the CUDA sources given to ``load_inline`` (or the ``.cu`` files given to ``load``) define a
-    ``__global__`` function. Unreadable sources count as defining one: the count stays what it was."""
+    """Whether the CUDA sources given to ``load_inline`` (or the ``.cu`` files given to ``load``) launch a
+    ``__global__`` function of their own (``cuda_source.launches_own_kernel``). Unreadable sources count as
+    launching one: the count stays what it was."""
     try:
         if loader == "load_inline":
             sources = kwargs.get("cuda_sources", args[2] if len(args) > 2 else None)
@@ -92,7 +96,7 @@ def _defines_device_kernel(loader: str, args: tuple[Any, ...], kwargs: dict[str,
             files = kwargs.get("sources", args[1] if len(args) > 1 else [])
             files = [files] if isinstance(files, str) else list(files)
             texts = [Path(f).read_text(errors="replace") for f in files if str(f).endswith((".cu", ".cuh"))]
-        return any("__global__" in str(t) for t in texts)
+        return launches_own_kernel([str(t) for t in texts])
     except Exception:  # noqa: BLE001
         return True
 
