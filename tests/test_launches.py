@@ -142,3 +142,67 @@ def test_blanking_keeps_code_and_drops_comments_and_literals():
     code = code_only('int a = 1; // x\nconst char* s = "/* not a comment"; /* gone */ char c = \'"\'; int b = 2;')
     assert "int a = 1;" in code and "int b = 2;" in code
     assert "gone" not in code and "not a comment" not in code and "x" not in code.replace("\n", "")
+
+
+class _FakeShim:
+    """Stands in for the preloaded launch shim: ``launch`` is a device launch of the candidate's own kernel."""
+
+    def __init__(self) -> None:
+        self.launched = 0
+        self.knockout = False
+
+    def own_launches(self) -> int:
+        return self.launched
+
+    def set_knockout(self, on: bool) -> None:
+        self.knockout = on
+
+    def launch(self, out: torch.Tensor, value: float) -> None:
+        self.launched += 1
+        if not self.knockout:
+            out.fill_(value)
+
+
+def test_with_the_launch_shim_an_extension_counts_and_is_knocked_out_per_device_launch(monkeypatch):
+    """Where the runner has the shim, what counts is the device launches of the candidate's own kernels, and the
+    knockout skips those launches alone: a function that computes with torch ops and launches one token kernel
+    beside them still answers right, so it did not need its kernel."""
+    import torch.utils.cpp_extension as cpp
+
+    shim = _FakeShim()
+    module = types.ModuleType("fake_ext")
+
+    def token(x: torch.Tensor) -> torch.Tensor:
+        shim.launch(torch.empty(1), 0.0)  # <<<1, 1>>> touching one element
+        return x * 2  # torch:: ops
+
+    def honest(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        shim.launch(out, 3.0)
+        return out
+
+    module.token, module.honest, module.torch_only = token, honest, lambda x: x * 2
+    monkeypatch.setattr(cpp, "load_inline", lambda *a, **k: module)
+    monkeypatch.setattr(LaunchCounter, "_hook_triton", lambda self: None)
+    counter = LaunchCounter(device_kernels_only=True)
+    counter.shim = shim
+    counter.install()
+    ext = cpp.load_inline("torch_ops_only", "torch::Tensor f(torch::Tensor x) { return x * 2; }")
+    assert isinstance(ext, CountingModule), "the shim decides what counts, not the source's text"
+    x = torch.ones(4)
+    counter.reset()
+    ext.torch_only(x)
+    assert counter.count == 0 and not counter.backends
+    ext.token(x)
+    ext.honest(x)
+    assert counter.count == 2 and counter.backends == {"cuda"}
+    counter.knockout = True
+    assert shim.knockout
+    assert torch.equal(ext.token(x), x * 2), "the torch ops still run: the answer is still right"
+    assert torch.equal(ext.honest(x), torch.zeros(4)), "the own kernel is skipped: the answer is lost"
+    counter.knockout = False
+    assert not shim.knockout and counter.count == 4
+    counter.reset()
+    assert counter.count == 0
+    counter.count = 1  # the counter stays assignable, as the Python hooks' count was
+    assert counter.count == 1

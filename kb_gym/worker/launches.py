@@ -5,7 +5,9 @@ none of its own kernels earns the ``no_custom_kernel`` flag.
 
 With ``knockout`` set (one call at the end of a job, ``correctness.kernels_needed``) the same hooks make those
 kernels do nothing: a Triton launch is skipped, an extension function runs on copies of its arguments and
-its tensor results are spoiled. A forward whose answer is still right did not need its kernels.
+its tensor results are spoiled. A forward whose answer is still right did not need its kernels. Where the runner
+has the preloaded launch shim (launch_shim.py: GPU runners, ``KB_GYM_LAUNCH_SHIM=1``) extensions are counted and
+knocked out per device launch instead: their own kernels are skipped, the ``torch::`` ops around them run.
 """
 
 from __future__ import annotations
@@ -20,16 +22,42 @@ from kb_gym.worker.cuda_source import launches_own_kernel
 
 class LaunchCounter:
     def __init__(self, device_kernels_only: bool = False) -> None:
-        self.count = 0
+        self._counted = 0
         self.backends: set[str] = set()
-        self.knockout = False
+        self._knockout = False
         # On a GPU an extension's functions count only where its CUDA sources launch a kernel of their own
         # (``__global__``): a function that computes with ``torch::`` ops is PyTorch under another name (round 12),
         # and a ``__global__`` in a comment or never launched beside it changes nothing
         self.device_kernels_only = device_kernels_only
+        # The preloaded launch shim (launch_shim.py), where the runner has one: it counts and knocks out the
+        # extensions' own device launches one by one, in place of the per-function count and spoiling below
+        self.shim: Any = None
+        self._shim_base = 0
+
+    @property
+    def count(self) -> int:
+        """Launches of the candidate's own kernels since the last ``reset``."""
+        own = self.shim.own_launches() - self._shim_base if self.shim is not None else 0
+        return self._counted + own
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self._counted = value - (self.count - self._counted)
+
+    @property
+    def knockout(self) -> bool:
+        return self._knockout
+
+    @knockout.setter
+    def knockout(self, on: bool) -> None:
+        self._knockout = on
+        if self.shim is not None:
+            self.shim.set_knockout(on)
 
     def reset(self) -> None:
-        self.count = 0
+        self._counted = 0
+        if self.shim is not None:
+            self._shim_base = self.shim.own_launches()
 
     def install(self) -> None:
         self._hook_triton()
@@ -54,7 +82,7 @@ class LaunchCounter:
 
             def run(kernel: Any, *args: Any, _original=original, **kwargs: Any) -> Any:
                 if not kwargs.get("warmup", False):
-                    self.count += 1
+                    self._counted += 1
                     self.backends.add("triton")
                     if self.knockout:
                         return None
@@ -76,7 +104,7 @@ class LaunchCounter:
                 module = _original(*args, **kwargs)
                 if not isinstance(module, types.ModuleType):
                     return module
-                if self.device_kernels_only and not _defines_device_kernel(_name, args, kwargs):
+                if self.shim is None and self.device_kernels_only and not _defines_device_kernel(_name, args, kwargs):
                     return module
                 return CountingModule(module, self)
 
@@ -115,7 +143,14 @@ class CountingModule:
 
             @functools.wraps(value)
             def call(*args: Any, **kwargs: Any) -> Any:
-                counter.count += 1
+                if counter.shim is not None:  # the shim counts its device launches and knocks them out
+                    before = counter.shim.own_launches()
+                    try:
+                        return value(*args, **kwargs)
+                    finally:
+                        if counter.shim.own_launches() > before:
+                            counter.backends.add("cuda")
+                counter._counted += 1
                 counter.backends.add("cuda")
                 if counter.knockout:
                     copied = dict(zip(kwargs, _copies(kwargs.values()), strict=True))

@@ -37,6 +37,7 @@ from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
 from kb_gym.worker.landlock import restrict_writes
+from kb_gym.worker.launch_shim import Shim
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
@@ -103,6 +104,10 @@ class Runner:
         self.send = send
         self.send_tensors = send_tensors
         self.counter = LaunchCounter(device_kernels_only=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            self.counter.shim = Shim.preloaded()  # there where the judge started this runner with it
+            if self.counter.shim is not None:
+                self.counter.shim.set_root(str(scratch))  # the candidate's builds are here and only here
         self.counter.install()
         self.flusher = CacheFlusher(self.device)
         self.ref_mod: Any = None

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, header_diet, payload, pch, process
+from kb_gym.worker import build_cache, device_digest, header_diet, launch_shim, payload, pch, process
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -120,7 +120,7 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
     if pch_root is not None:
         pch_root.mkdir(parents=True, exist_ok=True)  # before the runner's Landlock rules name it
         env[pch.ENV_DIR] = str(pch_root)
-    return env
+    return launch_shim.preload_env(device, env)
 
 
 def _pch_record(value: Any) -> dict[str, list[str]]:
