@@ -463,3 +463,43 @@ def test_fp32_problems_are_checked_in_true_fp32(ev):
     assert ieee.status == "correct" and ieee.custom_kernel_launches, ieee.error
     tf32 = ev.evaluate(matmul, TRITON_MATMUL.replace("PRECISION", ""), config=ev.config.replace(timing=False))
     assert tf32.status == "incorrect", (tf32.status, tf32.correctness)
+
+
+CUDA_TOKEN_RELU = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+src = r"""
+#include <torch/extension.h>
+__global__ void touch(float* y) { y[0] = y[0] + 0.0f; }
+torch::Tensor run(torch::Tensor x) {
+    auto y = torch::relu(x);              // the work, by PyTorch
+    touch<<<1, 1>>>(y.data_ptr<float>());  // a token launch of its own
+    return y;
+}
+"""
+ext = load_inline(name="token_relu_ext", cpp_sources="torch::Tensor run(torch::Tensor x);", cuda_sources=src,
+                  functions=["run"])
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.run(x.contiguous())
+'''
+
+
+def test_the_launch_shim_tells_a_token_launch_beside_torch_ops_from_a_kernel(relu, tmp_path, monkeypatch):
+    """With the preloaded launch shim (KB_GYM_LAUNCH_SHIM=1) extensions are knocked out per device launch: a
+    function computing ReLU with ``torch::`` ops beside a ``<<<1, 1>>>`` launch is ``token_kernel``, no credit;
+    the honest CUDA ReLU keeps its credit, counted by its launches. Without the shim the token one got credit."""
+    from kb_gym.worker import launch_shim
+
+    monkeypatch.setenv(launch_shim.ENV, "1")
+    assert launch_shim.library() is not None, "no C compiler to build the shim"
+    with Evaluator("cuda:0", results_path=False, trials=2, timing_max_reps=20, load_timeout=240) as shimmed:
+        token = shimmed.evaluate(relu, CUDA_TOKEN_RELU)
+        honest = shimmed.evaluate(relu, CUDA_RELU.replace("SCALE_VALUE", "(1.0f + 0.0f)"))
+    assert token.status == "correct" and "token_kernel" in token.flags and token.speed_credit is False, (
+        token.status, token.flags, token.error)
+    assert honest.status == "correct" and honest.custom_kernel_launches > 0, (honest.error, honest.flags)
+    assert "token_kernel" not in honest.flags and honest.speed_credit is True, honest.flags
