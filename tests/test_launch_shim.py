@@ -51,6 +51,10 @@ void own_kernel(void **args) { float *out = *(float **)args[0]; out[0] = 1.0f; }
 int run_own(float *out) { void *args[] = {&out}; dim3 one = {1, 1, 1}; return cudaLaunchKernel((void *)own_kernel, one, one, args, 0, 0); }
 int run_torch_stub(float *out) { void *args[] = {&out}; dim3 one = {1, 1, 1}; return cudaLaunchKernel(torch_kernel_stub(), one, one, args, 0, 0); }
 int run_torch(float *out) { return torch_launch(out); }
+/* what a candidate that reads our source tries: the control entry point, declared and called with a guess */
+long kb_launch_shim_control(unsigned long long key, int op, const char *arg);
+long tamper(void) { return kb_launch_shim_control(0, 2, 0); }
+long tamper_root(void) { return kb_launch_shim_control(12345, 1, "/"); }
 """
 
 DRIVER = """
@@ -60,7 +64,7 @@ from kb_gym.worker.launch_shim import Shim
 shim = Shim.preloaded()
 ext = ctypes.CDLL(sys.argv[1])  # RTLD_LOCAL, as Python opens torch's libraries
 shim.set_root(sys.argv[2])
-seen = {}
+seen = {"tamper": [ext.tamper(), ext.tamper_root()]}
 
 def call(name):
     out = (ctypes.c_float * 2)(0.0, 0.0)
@@ -101,6 +105,7 @@ def test_the_shim_counts_and_knocks_out_only_the_candidates_own_launches(tmp_pat
     import json
 
     seen = json.loads(done.stdout)
+    assert seen["tamper"] == [-1, -1], "the runner keyed the shim first: a guessed key changes nothing"
     # without the knockout every launch runs; only the candidate's own kernel counts
     assert seen["run_own knockout=False"] == [0, [1.0, 0.0], 1]
     assert seen["run_torch_stub knockout=False"] == [0, [0.0, 2.0], 1], "torch's kernel launched by the candidate"

@@ -119,14 +119,26 @@ LAUNCH(cudaLaunchCooperativeKernel_ptsz)
 LAUNCH_EX(cudaLaunchKernelExC)
 LAUNCH_EX(cudaLaunchKernelExC_ptsz)
 
-void kb_launch_shim_set_root(const char *path) {
-    snprintf(root, sizeof root, "%s", path ? path : "");
-    root_len = strlen(root);
-    while (root_len > 1 && root[root_len - 1] == '/') root[--root_len] = 0;
-    memset(seen, 0, sizeof seen);
+/* One entry point, keyed: the first call (the runner's, before any candidate code) sets the key; a call with
+   another key changes nothing, so an extension that declares this function cannot turn the shim off or widen
+   what counts as its own. Reading the count needs no key. */
+static unsigned long long key = 0;
+static int keyed = 0;
+
+long kb_launch_shim_control(unsigned long long k, int op, const char *arg) {
+    if (op == 0) return __atomic_load_n(&own_launches, __ATOMIC_RELAXED);
+    if (!keyed) { key = k; keyed = 1; }
+    else if (k != key) return -1;
+    if (op == 1) {
+        snprintf(root, sizeof root, "%s", arg ? arg : "");
+        root_len = strlen(root);
+        while (root_len > 1 && root[root_len - 1] == '/') root[--root_len] = 0;
+        memset(seen, 0, sizeof seen);
+        return 0;
+    }
+    if (op == 2) { knockout = arg != NULL; return 0; }
+    return -1;
 }
-void kb_launch_shim_set_knockout(int on) { knockout = on; }
-long kb_launch_shim_own_launches(void) { return __atomic_load_n(&own_launches, __ATOMIC_RELAXED); }
 """
 
 
@@ -172,15 +184,13 @@ def preload_env(device: str, env: dict[str, str]) -> dict[str, str]:
 
 
 class Shim:
-    """This process's handle on the preloaded shim."""
+    """This process's handle on the preloaded shim, holding the key its first call set."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._set_root = lib.kb_launch_shim_set_root
-        self._set_root.argtypes = [ctypes.c_char_p]
-        self._set_knockout = lib.kb_launch_shim_set_knockout
-        self._set_knockout.argtypes = [ctypes.c_int]
-        self._own = lib.kb_launch_shim_own_launches
-        self._own.restype = ctypes.c_long
+        self._control = lib.kb_launch_shim_control
+        self._control.argtypes = [ctypes.c_ulonglong, ctypes.c_int, ctypes.c_char_p]
+        self._control.restype = ctypes.c_long
+        self._key = int.from_bytes(os.urandom(8), "little")
 
     @classmethod
     def preloaded(cls) -> Shim | None:
@@ -190,12 +200,19 @@ class Shim:
         except (AttributeError, OSError):
             return None
 
+    def _call(self, op: int, arg: bytes | None) -> int:
+        done = int(self._control(self._key, op, arg))
+        if done < 0:
+            raise RuntimeError("the launch shim refused this process's key: another caller keyed it first")
+        return done
+
     def set_root(self, path: str) -> None:
-        """Kernels in libraries under ``path`` (the runner's scratch folder) are the candidate's own."""
-        self._set_root(os.fsencode(path))
+        """Kernels in libraries under ``path`` (the runner's scratch folder) are the candidate's own. The first
+        call keys the shim to this handle."""
+        self._call(1, os.fsencode(path))
 
     def set_knockout(self, on: bool) -> None:
-        self._set_knockout(1 if on else 0)
+        self._call(2, b"1" if on else None)
 
     def own_launches(self) -> int:
-        return int(self._own())
+        return int(self._control(0, 0, None))
