@@ -87,8 +87,9 @@ class EvalConfig:
         return (self.atol if self.atol is not None else atol, self.rtol if self.rtol is not None else rtol)
 
     def stage_limit(self, stage: str) -> float:
+        # the knockout (one forward with the candidate's kernels doing nothing) is a correctness call, after timing
         return {"load": self.load_timeout, "correctness": self.correctness_timeout,
-                "timing": self.timing_timeout}.get(stage, self.load_timeout)
+                "knockout": self.correctness_timeout, "timing": self.timing_timeout}.get(stage, self.load_timeout)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -265,7 +265,7 @@ class Evaluator(EvaluationAPI):
             # UnicodeEncodeError) is the answer's compile error, not the caller's exception (round 10)
             return self._verdict(problem, found.code, Status.COMPILE_ERROR,
                                  f"the code cannot be parsed: {type(exc).__name__}: {str(exc)[:200]}", cfg)
-        declared = _declared_encoding(found.code)
+        declared = declared_encoding_error(found.code)
         if declared is not None:
             return self._verdict(problem, found.code, Status.COMPILE_ERROR, declared, cfg)
         findings = static_findings(found.code)
@@ -318,7 +318,7 @@ class Evaluator(EvaluationAPI):
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
                 findings: list[Finding], queued: float, implicit: bool = False) -> EvalResult:
         """``implicit``: a baseline-only job the evaluator runs for itself (the cache filled, nothing stored)."""
-        limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing")}
+        limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing", "knockout")}
         reuse = job["source"] is not None and self._reuses_baselines(handle, cfg)
         job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if reuse else None
         if reuse and job["cached_baseline"] is None and not self._unquiet_lately(problem):
@@ -453,7 +453,7 @@ def _problem_fields(problem: Problem) -> dict[str, Any]:
     return {"problem_name": problem.name, "problem_id": problem.id, "level": problem.level}
 
 
-def _declared_encoding(code: str) -> str | None:
+def declared_encoding_error(code: str) -> str | None:
     """Why ``code`` would not run as the text that was checked, or None. The runner imports it from a file of its
     UTF-8 bytes, and Python decodes a file by its coding declaration (PEP 263), while the parse, the static checks
     and every reader take the text: under ``# coding: utf-7`` a comment's ``+AAo-`` is a line break for Python

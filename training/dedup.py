@@ -16,11 +16,14 @@ import json
 from concurrent.futures import Future
 from typing import Any
 
-from kb_gym.evaluator import MAX_TEXT_CHARS
+from kb_gym.config import EvalConfig
+from kb_gym.evaluator import MAX_TEXT_CHARS, declared_encoding_error
 from kb_gym.extract import extract_code
+from kb_gym.integrity.static import MAX_PARSE_CHARS
 from kb_gym.problems import Problem
 
 DEDUP_SCOPES = ("off", "batch", "run")
+DEFAULT_MAX_SOURCE_CHARS = EvalConfig().max_source_chars
 
 
 def program_key(problem_key: str, text: str) -> str:
@@ -30,7 +33,7 @@ def program_key(problem_key: str, text: str) -> str:
         body = "\x00refused\x00" + (text if isinstance(text, str) else repr(type(text)))
     else:
         code = extract_code(text).code
-        body = _program(code) if code is not None else "\x00no-code\x00" + text
+        body = _program(code) + _prechecked(code) if code is not None else "\x00no-code\x00" + text
     # surrogatepass: "replace" made a lone surrogate and "?" one program (round 10)
     return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -52,6 +55,15 @@ def _program(code: str) -> str:
         return "\x00ast\x00" + ast.dump(_DropBareStrings().visit(ast.parse(code)))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return code
+
+
+def _prechecked(code: str) -> str:
+    """What the evaluator's precheck reads beyond the syntax tree: the code's length against its limits (the
+    static checks', and ``max_source_chars`` at its default) and a coding declaration. A comment can change each,
+    and each changes the verdict (round 13: a 200 KB comment's ``format_error`` was shared with its plain sibling,
+    and the sibling's ``correct`` with it)."""
+    limits = (len(code) > MAX_PARSE_CHARS, len(code) > DEFAULT_MAX_SOURCE_CHARS)
+    return f"\x00precheck\x00{limits}{declared_encoding_error(code)}"
 
 
 def _settings_key(kwargs: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ Attacks, their mechanism, what happened:
    check, dedup key (``program_key``: comments dropped) or reader ever sees it. Measured: hidden ``import gc`` under
    ``strict``: ``correct`` (3 of 3, no finding at all); hidden ``y = y * 0.0``: ``incorrect``, proving it ran.
    Fixed: ``Evaluator._precheck`` gives ``compile_error`` to a source whose declared encoding is not UTF-8
-   (``evaluator._declared_encoding``).
+   (``evaluator.declared_encoding_error``).
 2. (hole) Stalls of the caller in the static checks, which run in the caller's thread (``Evaluator.submit``:
    ``env.step``, the GRPO reward function, ``evaluate-model``) before any stage limit. ``_CallGraph.mro`` searched a
    list for each class seen and kept no memo, and the call graph asks for the MRO of every class and of the class of
@@ -197,11 +197,11 @@ def test_a_coding_declaration_cannot_make_the_runner_run_other_code(ev, source):
 
 
 def test_a_utf8_declaration_is_fine():
-    from kb_gym.evaluator import _declared_encoding
+    from kb_gym.evaluator import declared_encoding_error
 
-    assert _declared_encoding("# -*- coding: utf-8 -*-\n" + GC_IN_FORWARD) is None
-    assert _declared_encoding(GC_IN_FORWARD) is None
-    assert "latin-1" in _declared_encoding("# coding: latin-1\n" + GC_IN_FORWARD) or "8859" in _declared_encoding(
+    assert declared_encoding_error("# -*- coding: utf-8 -*-\n" + GC_IN_FORWARD) is None
+    assert declared_encoding_error(GC_IN_FORWARD) is None
+    assert "latin-1" in declared_encoding_error("# coding: latin-1\n" + GC_IN_FORWARD) or "8859" in declared_encoding_error(
         "# coding: latin-1\n" + GC_IN_FORWARD)
 
 
