@@ -206,3 +206,36 @@ def test_with_the_launch_shim_an_extension_counts_and_is_knocked_out_per_device_
     assert counter.count == 0
     counter.count = 1  # the counter stays assignable, as the Python hooks' count was
     assert counter.count == 1
+
+
+def test_a_knocked_out_triton_launch_runs_its_hooks_and_returns_as_a_real_one(monkeypatch):
+    """The knockout launches with a grid of zero through Triton's own path: no program runs, but the pre-run hooks do
+    and the launch returns what a real one returns, so the candidate cannot tell the knocked-out call by either
+    (round 13: a skip returned None where a GPU launch returns its compiled kernel, and PyTorch's work hidden in a
+    pre-run hook was skipped with the launch, which made the kernel look needed)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton
+    import triton.language as tl
+
+    def fill_two(y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.full([BLOCK], 2.0, tl.float32), mask=offs < n)
+
+    kernel = triton.jit(fill_two)
+    hooked = []
+    kernel.add_pre_run_hook(lambda *a, **k: hooked.append(1))
+    counter = LaunchCounter()
+    counter.install()
+    y = torch.zeros(64)
+    real = kernel[(1,)](y, 64, BLOCK=64)
+    assert torch.equal(y, torch.full((64,), 2.0)) and hooked == [1]
+    counter.knockout = True
+    try:
+        y.zero_()
+        skipped = kernel[(1,)](y, 64, BLOCK=64)
+    finally:
+        counter.knockout = False
+    assert torch.equal(y, torch.zeros(64)), "no program ran"
+    assert hooked == [1, 1], "the pre-run hook ran as on a real launch"
+    assert type(skipped) is type(real)
+    assert counter.count == 2

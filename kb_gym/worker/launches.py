@@ -4,10 +4,11 @@ Installed once in the worker before any candidate is imported. A candidate whose
 none of its own kernels earns the ``no_custom_kernel`` flag.
 
 With ``knockout`` set (one call at the end of a job, ``correctness.kernels_needed``) the same hooks make those
-kernels do nothing: a Triton launch is skipped, an extension function runs on copies of its arguments and
-its tensor results are spoiled. A forward whose answer is still right did not need its kernels. Where the runner
-has the preloaded launch shim (launch_shim.py: GPU runners, ``KB_GYM_LAUNCH_SHIM=1``) extensions are counted and
-knocked out per device launch instead: their own kernels are skipped, the ``torch::`` ops around them run.
+kernels do nothing: a Triton launch runs no program (a zero grid), an extension function runs on copies of its
+arguments and its tensor results are spoiled. A forward whose answer is still right did not need its kernels.
+Where the runner has the preloaded launch shim (launch_shim.py: GPU runners, ``KB_GYM_LAUNCH_SHIM=1``) extensions
+are counted and knocked out per device launch instead: their own kernels are skipped, the ``torch::`` ops around
+them run.
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ class LaunchCounter:
                     self._counted += 1
                     self.backends.add("triton")
                     if self.knockout:
-                        return None
+                        # Triton's own path with no program to run (a grid of zero: its launcher launches nothing):
+                        # pre-run hooks run and the launch returns what a real one does, so neither tells the
+                        # knocked-out call (round 13: a skip returned None, a real launch its compiled kernel, on a
+                        # GPU; and PyTorch's work put in a pre-run hook was skipped with it)
+                        kwargs["grid"] = (0,)
                 return _original(kernel, *args, **kwargs)
 
             run._kb_counted = True  # type: ignore[attr-defined]
