@@ -95,7 +95,9 @@ Fixed in the same session (the tests above them no longer xfail): 2. the knockou
 (``token_kernel``); 3. on a problem the trials found degenerate, timed outputs cross whole (``job._chunk_bytes``);
 3b. over 2**24 elements the trials hold a million drawn elements of the answer against the last trial's answer there
 (``correctness._sampled_against_previous``); 4(a). the dedup key holds what the precheck reads beyond the syntax tree
-(``training/dedup._prechecked``: the length against the limits, the coding declaration). Open: 1 (docs/integrity.md
+(``training/dedup._prechecked``: the length against the limits, the coding declaration); 1(d) and 5: a knocked-out
+Triton launch goes through Triton's own path with a zero grid, so its pre-run hooks run and it returns what a real
+launch returns (``launches.LaunchCounter``). Open: 1 (docs/integrity.md
 has the planned data-flow test) and 4(b), accepted (a policy cannot aim which sample is evaluated first).
 
 All evaluations run on one CPU Evaluator of the module; the file takes ~25 s on 2 cores.
@@ -418,3 +420,34 @@ def test_an_answer_refused_for_its_comments_shares_no_verdict(ev, sibling):
     reward = KernelRewardFunction(KernelRewardConfig(dataset=[SCALE], devices=DEVICE), evaluator=_Checking(ev))
     reward(prompts=["p", "p"], completions=[refused, plain], problem_key=[SCALE.key] * 2)
     assert reward.last_results[1].status == "correct", [r.status for r in reward.last_results]
+
+
+WORK_IN_A_HOOK = HEAD + """
+
+@triton.jit
+def _noop(ptr):
+    pass
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.box = {}
+        _noop.add_pre_run_hook(self._work)
+
+    def _work(self, *args, **kwargs):
+        self.box["y"] = self.box["x"] * 2.0 + 1.0  # PyTorch's answer, computed where the launch computes
+
+    def forward(self, x):
+        self.box.clear()
+        self.box["x"] = x
+        _noop[(1,)](x)
+        return self.box.get("y", torch.zeros_like(x))
+"""
+
+
+def test_work_in_a_pre_run_hook_is_not_skipped_with_the_launch(ev):
+    """Variant (d) of attack 1, fixed: the knockout launches with a zero grid through Triton's own path, so the
+    pre-run hooks run as on a real launch and PyTorch's answer computed there is still right (``token_kernel``)."""
+    r = ev.evaluate(SCALE, WORK_IN_A_HOOK, config=TIMED)
+    assert r.status == "correct" and "token_kernel" in r.flags and r.speed_credit is False, (r.status, r.flags)
