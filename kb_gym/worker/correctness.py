@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker.checks import Comparison, OutputFormatError, compare_outputs, flatten_outputs
+from kb_gym.worker.checks import Comparison, compare_outputs, flatten_outputs
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import clone_inputs, make_inputs
 from kb_gym.worker.loading import StageError
@@ -75,25 +75,20 @@ def _sampled(outputs: list[torch.Tensor], places: list[torch.Tensor | None]) -> 
     return [None if i is None else t.detach().reshape(-1)[i] for t, i in zip(outputs, places, strict=True)]
 
 
-def _sampled_against_previous(cand: Any, refs: list[torch.Tensor], places: list[torch.Tensor | None],
+def _sampled_against_previous(cand: Any, sampled_refs: list[torch.Tensor | None], places: list[torch.Tensor | None],
                               previous: list[torch.Tensor | None], atol: float, rtol: float) -> Comparison:
-    """The previous-answer test of ``compare_outputs`` on the drawn elements of large outputs, output by output."""
+    """The previous-answer test of ``compare_outputs`` on the drawn elements of large outputs, output by output.
+    Called after the whole comparison passed, so the outputs have the reference's structure."""
     worst = Comparison(True)
-    try:
-        cand_flat = flatten_outputs(cand)
-    except OutputFormatError as exc:
-        return Comparison(False, str(exc))
-    if len(cand_flat) != len(refs) or any(tuple(c.shape) != tuple(r.shape) or c.dtype != r.dtype
-                                          for c, r in zip(cand_flat, refs, strict=True)):
-        return worst  # the whole comparison already judged the structure
-    for i, (c, r, p) in enumerate(zip(_sampled(cand_flat, places), _sampled(refs, places), previous, strict=True)):
+    cand_sampled = _sampled(flatten_outputs(cand), places)
+    for i, (c, r, p) in enumerate(zip(cand_sampled, sampled_refs, previous, strict=True)):
         if c is None or p is None:
             continue
         cmp = compare_outputs([c], [r], atol, rtol, other_answers=[p])
         worst.degenerate |= cmp.degenerate
         worst.answers_coincide |= cmp.answers_coincide
         if not cmp.ok:
-            where = f"output {i}, drawn elements" if len(refs) > 1 else "drawn elements"
+            where = f"output {i}, drawn elements" if len(sampled_refs) > 1 else "drawn elements"
             cmp.reason = f"{where}: {cmp.reason}"
             cmp.degenerate = worst.degenerate
             return cmp
@@ -137,10 +132,14 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         cand_out = reply.outputs
         refs = flatten_outputs(ref_out)
         answers = [r for r in refs if r.is_floating_point()]
+        small = sum(r.numel() for r in refs) <= KEPT_ANSWER_ELEMENTS
+        if not small and places is None:
+            places = _sample_places(refs)
+        sampled_refs = [] if small else _sampled(refs, places)
         cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state,
                     trivial_outputs(ref_out, inputs), previous)
-        if cmp.ok and not cmp.by_float64 and previous_sampled and places is not None:
-            cmp = _sampled_against_previous(cand_out, refs, places, previous_sampled, atol, rtol)
+        if cmp.ok and not cmp.by_float64 and previous_sampled:
+            cmp = _sampled_against_previous(cand_out, sampled_refs, places, previous_sampled, atol, rtol)
         coincide = cmp.answers_coincide
         degenerate |= cmp.degenerate
         unverifiable |= cmp.unverifiable
@@ -172,11 +171,8 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         # The last trial's answer, as a shortcut that ignores its inputs would return it: where it
         # passes, the output barely depends on the inputs (a mean over 1e8 values) and is held to
         # a relative error well below how far it moves between inputs. Kept only when small.
-        small = sum(r.numel() for r in refs) <= KEPT_ANSWER_ELEMENTS
         previous = answers if small else []
-        if not small:
-            places = places if places is not None else _sample_places(refs)
-            previous_sampled = _sampled(refs, places)
+        previous_sampled = sampled_refs
         # Not after a float64 verdict: against this fp32 answer the output fails by construction.
         earlier = (flatten_outputs(cand_out), refs) if small and not by_float64 else None
         del cand_out, ref_out

@@ -32,17 +32,21 @@ def code_only(source: str) -> str:
     return _COMMENT_OR_LITERAL.sub(" ", source)
 
 
+def _kernel_code(sources: list[str]) -> str:
+    """The sources as one text, comments, literals and ``__launch_bounds__`` blanked: what the patterns read."""
+    return _LAUNCH_BOUNDS.sub(" ", " \n".join(code_only(s) for s in sources))
+
+
 def defined_kernels(source: str) -> list[str]:
     """Names of the ``__global__`` functions the source defines or declares (comments and strings left out)."""
-    code = _LAUNCH_BOUNDS.sub(" ", code_only(source))
-    return _KERNEL_NAME.findall(code)
+    return _KERNEL_NAME.findall(_kernel_code([source]))
 
 
 def launches_own_kernel(sources: list[str]) -> bool:
     """Whether the sources launch one of the ``__global__`` functions they define: ``k<<<...>>>`` (template
     arguments allowed), or ``k`` named inside a ``cudaLaunch*`` / ``cuLaunch*`` call. Where a macro holds a
     ``<<<`` launch, a kernel named anywhere besides its own declarations counts, as the macro may launch it."""
-    code = _LAUNCH_BOUNDS.sub(" ", " \n".join(code_only(s) for s in sources))
+    code = _kernel_code(sources)
     names = set(_KERNEL_NAME.findall(code))
     if not names:
         return False

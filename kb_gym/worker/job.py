@@ -209,7 +209,7 @@ def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:
 
 
 def _deadline(cfg: dict[str, Any], stage: str) -> float:
-    limit = float(cfg.get(f"{'correctness' if stage == 'knockout' else stage}_timeout", 300.0))
+    limit = float(cfg.get(f"{stage}_timeout", 300.0))
     return time.monotonic() + max(1.0, limit - STAGE_MARGIN)
 
 
@@ -292,7 +292,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
 
     # --- timing ---------------------------------------------------------------------------------
     if not cfg["timing"]:
-        _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "knockout"))
+        _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
         result.setdefault("status", "correct")
         return
     _stage(ctx, state, "timing")
@@ -313,10 +313,11 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
     # A stage of its own, with its own limit: in the timing stage's leftover a candidate that spent that stage's
-    # clock in its first call (warm-up calls are neither sampled nor seen by the envelope) skipped it (round 13)
+    # clock in its first call (warm-up calls are neither sampled nor seen by the envelope) skipped it (round 13).
+    # Its limit is the correctness stage's (EvalConfig.stage_limit): it is one more correctness call.
     _stage(ctx, state, "knockout")
     t0 = time.perf_counter()
-    _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "knockout"))
+    _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
     stages["knockout"] = time.perf_counter() - t0
 
 
@@ -330,17 +331,13 @@ def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: 
     if (runner is None or not result.get("correct") or result.get("status") not in (None, "correct")
             or not result.get("custom_kernel_launches")):
         return
-    if left < 1.0:
-        if "token_kernel" not in result["flags"]:
-            result["flags"].append("token_kernel")
-        return
     widen = bool(state.get("widen"))
-    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen)
-    seed = ctx.seed(int(job["seed"]), "knockout")
-    needed = kernels_needed(runner, seed,
-                            lambda s: reference_outputs(ref_model, ref_mod, s, ctx.device, dtype, runner, widen),
-                            check, timeout=min(left, 10.0), byte_limit=state.get("byte_limit", 1 << 30),
-                            chunk_bytes=state.get("chunk_bytes", 0), widen=widen)
+    needed = left >= 1.0 and kernels_needed(
+        runner, ctx.seed(int(job["seed"]), "knockout"),
+        lambda s: reference_outputs(ref_model, ref_mod, s, ctx.device, dtype, runner, widen),
+        timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen),
+        timeout=min(left, 10.0), byte_limit=state.get("byte_limit", 1 << 30), chunk_bytes=state.get("chunk_bytes", 0),
+        widen=widen)
     if not needed and "token_kernel" not in result["flags"]:
         result["flags"].append("token_kernel")
 
