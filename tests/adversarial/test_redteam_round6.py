@@ -112,11 +112,27 @@ if os.getpid() == 1:
 BANKED_ONLY = cand(FIND_RUNNER + "EXIT_BANKS = True\n" + BANKED)
 
 
+def _unpoisoned(r) -> bool:
+    """A try the race missed: nothing ran during the hold, so the calibration that judged it is an honest one
+    (poisoned: 22 ms of overhead and 11 of tolerance; honest: up to 12.3 and 4.5 on a loaded 2-core CI machine)."""
+    envelope = r.correctness.get("envelope") or {}
+    return r.status == "correct" and envelope.get("tolerance_ms", 99) < 6.0 and envelope.get("overhead_ms", 99) < 15.0
+
+
 def test_a_tree_that_ran_while_held_is_caught_even_when_some_of_it_exits(ev):
-    r = ev.evaluate(_fresh_gelu("banked", 512), BANKED_ONLY, config=TIMED)
-    honest_after(ev, TIMED)
-    assert r.status == "runtime_error" and "ran while the judge held" in (r.error or ""), (
-        r.status, r.error, r.correctness.get("envelope"))
+    # the attack races the judge's holds (it waits for the second one); on a loaded 2-core machine it misses at
+    # times (CI once: correct, 6.8 ms of overhead, 4.4 of tolerance: an honest calibration). Every try must be
+    # judged soundly, and the attack must fire, and be caught, in one of three
+    results = []
+    for k in range(3):
+        r = ev.evaluate(_fresh_gelu(f"banked{k}", 512), BANKED_ONLY, config=TIMED)
+        honest_after(ev, TIMED)
+        caught = r.status == "runtime_error" and "ran while the judge held" in (r.error or "")
+        assert caught or _unpoisoned(r), (k, r.status, r.error, r.correctness.get("envelope"))
+        results.append((r.status, r.error, r.correctness.get("envelope")))
+        if caught:
+            return
+    pytest.fail(f"the attack never fired in 3 tries, so nothing was tested: {results}")
 
 
 def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
@@ -125,10 +141,8 @@ def test_a_calibration_poisoned_under_banked_cpu_does_not_judge_the_next(ev):
     problem = _fresh_gelu("banked_next", 512)
     first = ev.evaluate(problem, BANKED_ONLY, config=TIMED)
     if first.status == "correct":
-        # the attack is a race with the judge's holds (it waits for the second one): on a loaded 2-core machine
-        # it can miss, as CI saw once. Then nothing was poisoned, and the calibration that judged it must show it
-        envelope = first.correctness["envelope"]
-        assert envelope["tolerance_ms"] < 6.0 and envelope["overhead_ms"] < 15.0, envelope
+        # the race missed (see above): nothing was poisoned, and the calibration that judged it must show it
+        assert _unpoisoned(first), first.correctness.get("envelope")
     else:
         assert first.status == "runtime_error", (first.status, first.error)
     next_after_poison(ev, problem, first, TIMED)
