@@ -50,6 +50,9 @@ class EvalConfig:
     # candidate's runner reported (worker/burst.py). Off by default until measured on a GPU: on a 2-core CPU it
     # catches a false 1 us claim for a 0.06 ms forward in about half the tries (docs/integrity.md, Open).
     burst_check: bool = False
+    # After the knockout's kin, two untimed forwards traced op by op ask whether PyTorch computed the whole answer
+    # while the candidate's kernels only moved it or fed it constants (worker/dataflow.py): token_kernel then.
+    dataflow_check: bool = True
     # Timed outputs larger than this are checked on 16 random 1 MB chunks drawn after each call reports done
     # (worker/spot_check.py) instead of crossing whole every call; correctness trials always compare whole.
     # 0: always whole.
@@ -87,9 +90,11 @@ class EvalConfig:
         return (self.atol if self.atol is not None else atol, self.rtol if self.rtol is not None else rtol)
 
     def stage_limit(self, stage: str) -> float:
-        # the knockout (one forward with the candidate's kernels doing nothing) is a correctness call, after timing
-        return {"load": self.load_timeout, "correctness": self.correctness_timeout,
-                "knockout": self.correctness_timeout, "timing": self.timing_timeout}.get(stage, self.load_timeout)
+        # the dataflow trace and the knockout (forwards traced, or with the candidate's kernels doing nothing) are
+        # correctness calls, after timing
+        checks = {"correctness": self.correctness_timeout, "dataflow": self.correctness_timeout,
+                  "knockout": self.correctness_timeout}
+        return {"load": self.load_timeout, "timing": self.timing_timeout, **checks}.get(stage, self.load_timeout)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -318,7 +318,7 @@ class Evaluator(EvaluationAPI):
     def _run_on(self, handle: WorkerHandle, job: dict, problem: Problem, cfg: EvalConfig,
                 findings: list[Finding], queued: float, implicit: bool = False) -> EvalResult:
         """``implicit``: a baseline-only job the evaluator runs for itself (the cache filled, nothing stored)."""
-        limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing", "knockout")}
+        limits = {s: cfg.stage_limit(s) for s in ("load", "correctness", "timing", "dataflow", "knockout")}
         reuse = job["source"] is not None and self._reuses_baselines(handle, cfg)
         job["cached_baseline"] = self._cached_baseline(handle, problem, cfg) if reuse else None
         if reuse and job["cached_baseline"] is None and not self._unquiet_lately(problem):

@@ -12,8 +12,9 @@ FEEDBACK_CHARS = 1500
 FLAG_NOTES = {
     "no_custom_kernel": "no kernel of your own (Triton @triton.jit or a load_inline extension) ran in "
                         "forward; plain PyTorch earns no speed credit",
-    "token_kernel": "your kernels ran, but with them doing nothing forward still gave the right answer: the work "
-                    "was done by PyTorch, so no speed credit",
+    "token_kernel": "your kernels ran, but PyTorch did the work (forward was right with them doing nothing, or "
+                    "PyTorch computed the whole answer and the kernels only copied it or supplied constants), so "
+                    "no speed credit",
     "input_mutation": "forward modified its input tensors in place; do not write to inputs",
     "side_stream": "work ran on another stream after forward returned; timing used the host clock",
     "launch_bound": "called back to back, your forward cost its host time (Python and kernel launches), more than "

@@ -50,7 +50,8 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "unlisted_import": "imports a module outside the allowlist of kernel modules",
     "unchecked": "too large for the static checks; only a line scan ran",
     "no_custom_kernel": "no kernel of the candidate's own ran in forward",
-    "token_kernel": "its own kernels ran, but forward gave the right answer with them doing nothing",
+    "token_kernel": "its own kernels ran, but PyTorch computed the answer: right with them doing nothing, or "
+                    "computed by PyTorch alone and only moved or fed constants by them",
     "input_mutation": "forward wrote to its inputs",
     "side_stream": "work ran on another stream after forward returned",
     "launch_bound": "back to back, forward cost its host (launch) time, more than its GPU time; it was charged that",

@@ -291,3 +291,28 @@ def kernels_needed(runner: RunnerProcess, seed: int, reference: Callable[[int], 
         return check(reply.outputs, reference(seed), seed) is not None
     except Exception:  # noqa: BLE001 - StageError or what the judgement of spoiled outputs raises: kernels matter
         return True
+
+
+def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Callable[[int], Any],
+                  check: Callable[[Any, Any, int], str | None], *, atol: float, rtol: float, deadline: float,
+                  byte_limit: int, widen: bool = False) -> dict[str, Any]:
+    """Whether PyTorch computed the whole answer while the candidate's kernels only moved it or fed it constants
+    (dataflow.py): two traced forwards on fresh inputs, the second reporting which outputs no kernel's work reached.
+    ``verdict``: "pytorch" where every output of a right answer is PyTorch's (no kernel's work reached it, or PyTorch
+    had computed it anyway), "kernels" where one is not,
+    "inconclusive" where the traced call failed, answered wrong or sent no report (no flag: the knockout stands)."""
+    spec = {"atol": atol, "rtol": rtol}
+    try:
+        for phase, seed in enumerate(seeds, start=1):
+            reply = runner.call(seed, timeout=max(0.5, deadline - time.monotonic()), byte_limit=byte_limit,
+                                widen=widen, dataflow={**spec, "phase": phase})
+        why = check(reply.outputs, reference(seeds[-1]), seeds[-1])
+    except Exception as exc:  # noqa: BLE001 - StageError, or what judging the traced outputs raises
+        return {"verdict": "inconclusive", "why": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    report = reply.dataflow
+    if report is None:
+        return {"verdict": "inconclusive", "why": "the runner sent no report of the traced call"}
+    if why is not None:
+        return {"verdict": "inconclusive", "why": f"the traced call's answer was wrong: {why[:300]}", **report}
+    alone = report["outputs"] > 0 and len(set(report["untainted"]) | set(report["computed"])) == report["outputs"]
+    return {"verdict": "pytorch" if alone else "kernels", **report}

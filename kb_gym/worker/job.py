@@ -25,7 +25,14 @@ import torch
 from kb_gym.worker import build_cache, burst, pch
 from kb_gym.worker.checks import compare_outputs, flatten_outputs, near_miss
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, TrialSetup, kernels_needed, run_trials, trivial_outputs
+from kb_gym.worker.correctness import (
+    KEPT_ANSWER_ELEMENTS,
+    TrialSetup,
+    kernels_needed,
+    pytorch_alone,
+    run_trials,
+    trivial_outputs,
+)
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import DTYPES, init_model, make_inputs
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
@@ -292,7 +299,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
 
     # --- timing ---------------------------------------------------------------------------------
     if not cfg["timing"]:
-        _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
+        _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
         result.setdefault("status", "correct")
         return
     _stage(ctx, state, "timing")
@@ -312,13 +319,43 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     finally:  # a timing cut short by a verdict still held the device
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
-    # A stage of its own, with its own limit: in the timing stage's leftover a candidate that spent that stage's
-    # clock in its first call (warm-up calls are neither sampled nor seen by the envelope) skipped it (round 13).
-    # Its limit is the correctness stage's (EvalConfig.stage_limit): it is one more correctness call.
-    _stage(ctx, state, "knockout")
-    t0 = time.perf_counter()
-    _knockout(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
-    stages["knockout"] = time.perf_counter() - t0
+    _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
+
+
+def _kernel_checks(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype,
+                   atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> None:
+    """Whether the candidate's kernels did the work: the dataflow trace, then the knockout. Stages of their own, each
+    with its own limit: in the timing stage's leftover a candidate that spent that stage's clock in its first call
+    (warm-up calls are neither sampled nor seen by the envelope) skipped the knockout (round 13). Their limit is
+    the correctness stage's (EvalConfig.stage_limit): they are correctness calls. The trace runs first: it runs
+    the kernels, so the knockout, which may leave the candidate's state spoiled, stays the runner's last call."""
+    cfg, stages = job["config"], result["stage_seconds"]
+    for name, check in (("dataflow", _dataflow), ("knockout", _knockout)):
+        _stage(ctx, state, name)
+        t0 = time.perf_counter()
+        check(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
+        stages[name] = time.perf_counter() - t0
+
+
+def _dataflow(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype, atol: float,
+              rtol: float, result: dict[str, Any], state: dict[str, Any], deadline: float) -> None:
+    """``token_kernel`` where PyTorch computed the whole answer and the kernels only moved it or fed it constants
+    (correctness.pytorch_alone, dataflow.py): round 13's copy into an ``empty_like`` buffer, one element moved into a
+    NaN-filled output, the 1.0 it is multiplied by. The knockout finds those kernels needed."""
+    runner = state.get("runner")
+    if (runner is None or not job["config"].get("dataflow_check", True) or not result.get("correct")
+            or result.get("status") not in (None, "correct") or not result.get("custom_kernel_launches")):
+        return
+    widen = bool(state.get("widen"))
+    seed = int(job["seed"])
+    report = pytorch_alone(
+        runner, (ctx.seed(seed, "dataflow", 0), ctx.seed(seed, "dataflow", 1)),
+        lambda s: reference_outputs(ref_model, ref_mod, s, ctx.device, dtype, runner, widen),
+        timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen),
+        atol=atol, rtol=rtol, deadline=deadline, byte_limit=state.get("byte_limit", 1 << 30), widen=widen)
+    result["correctness"]["dataflow"] = report
+    if report["verdict"] == "pytorch" and "token_kernel" not in result["flags"]:
+        result["flags"].append("token_kernel")
 
 
 def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype, atol: float,
@@ -329,7 +366,7 @@ def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: 
     runner = state.get("runner")
     left = deadline - time.monotonic()
     if (runner is None or not result.get("correct") or result.get("status") not in (None, "correct")
-            or not result.get("custom_kernel_launches")):
+            or not result.get("custom_kernel_launches") or "token_kernel" in result["flags"]):
         return
     widen = bool(state.get("widen"))
     needed = left >= 1.0 and kernels_needed(

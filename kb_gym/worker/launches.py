@@ -13,8 +13,10 @@ them run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,9 @@ class LaunchCounter:
         # extensions' own device launches one by one, in place of the per-function count and spoiling below
         self.shim: Any = None
         self._shim_base = 0
+        # One traced forward (dataflow.py) where set: every launch of the candidate's goes through its ``launch``
+        self.dataflow: Any = None
+        self._internal = 0  # > 0 while the runner launches kernels of its own (the device digest) mid-forward
 
     @property
     def count(self) -> int:
@@ -54,6 +59,22 @@ class LaunchCounter:
         self._knockout = on
         if self.shim is not None:
             self.shim.set_knockout(on)
+
+    @contextlib.contextmanager
+    def internal(self) -> Iterator[None]:
+        """Launches under this are the runner's own: neither counted nor traced."""
+        self._internal += 1
+        try:
+            yield
+        finally:
+            self._internal -= 1
+
+    def traced(self, kernel: str, args: Any, kwargs: dict[str, Any], run: Any) -> Any:
+        """``run()``, one launch of the candidate's, through the dataflow trace where one is on."""
+        trace = self.dataflow
+        if trace is None or trace.quiet:
+            return run()
+        return trace.launch(kernel, args, kwargs, run)
 
     def reset(self) -> None:
         self._counted = 0
@@ -82,6 +103,8 @@ class LaunchCounter:
                 continue
 
             def run(kernel: Any, *args: Any, _original=original, **kwargs: Any) -> Any:
+                if self._internal:
+                    return _original(kernel, *args, **kwargs)
                 if not kwargs.get("warmup", False):
                     self._counted += 1
                     self.backends.add("triton")
@@ -91,6 +114,8 @@ class LaunchCounter:
                         # knocked-out call (round 13: a skip returned None, a real launch its compiled kernel, on a
                         # GPU; and PyTorch's work put in a pre-run hook was skipped with it)
                         kwargs["grid"] = (0,)
+                    name = f"triton:{getattr(kernel, '__name__', type(kernel).__name__)}"
+                    return self.traced(name, args, kwargs, lambda: _original(kernel, *args, **kwargs))
                 return _original(kernel, *args, **kwargs)
 
             run._kb_counted = True  # type: ignore[attr-defined]
@@ -148,10 +173,13 @@ class CountingModule:
 
             @functools.wraps(value)
             def call(*args: Any, **kwargs: Any) -> Any:
+                def run() -> Any:
+                    return counter.traced(f"ext:{name}", args, kwargs, lambda: value(*args, **kwargs))
+
                 if counter.shim is not None:  # the shim counts its device launches and knocks them out
                     before = counter.shim.own_launches()
                     try:
-                        return value(*args, **kwargs)
+                        return run()
                     finally:
                         if counter.shim.own_launches() > before:
                             counter.backends.add("cuda")
@@ -160,7 +188,7 @@ class CountingModule:
                 if counter.knockout:
                     copied = dict(zip(kwargs, _copies(kwargs.values()), strict=True))
                     return _spoiled(value(*_copies(args), **copied))
-                return value(*args, **kwargs)
+                return run()
 
             return call
         return value

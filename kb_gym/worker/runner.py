@@ -35,6 +35,7 @@ import torch
 from kb_gym.worker import capabilities, device_digest, header_diet, pch
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
+from kb_gym.worker.dataflow import DataflowTrace
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
 from kb_gym.worker.landlock import restrict_writes
 from kb_gym.worker.launch_shim import Shim
@@ -118,6 +119,8 @@ class Runner:
         self.candidate_file = ""
         self.forward_checked = False
         self.held: list[Any] = []  # a sampled call's outputs, until the judge has asked for its chunks
+        self.dataflow_writes: dict[str, Any] | None = None  # the first traced run's launches' writes (dataflow.py)
+        self.dataflow_report: dict[str, Any] | None = None  # the last traced run's, sent with its "done"
         self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
 
@@ -207,6 +210,9 @@ class Runner:
         pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
         if msg.get("knockout") and not reference:
             model = _knocked_out(model, self.counter)
+        self.dataflow_report = None
+        if isinstance(msg.get("dataflow"), dict) and not reference and not timed:
+            model = self._traced(model, msg["dataflow"])
         self.counter.reset()
         self.counter.backends.clear()
         collecting = gc.isenabled()
@@ -258,11 +264,37 @@ class Runner:
         done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "outputs": meta,
                 "commitment": digest, "launches": launches, "backends": backends,
                 "mutated": mutated, "numerics_changed": _numerics() != self.numerics}
+        if self.dataflow_report is not None:
+            done["dataflow"] = self.dataflow_report
         if hashes is not None:  # the judge picks the chunks it wants now that their hashes are fixed
             self.held = flat
             self.send({**done, "chunk_hashes": hashes, "chunk_bytes": chunk_bytes, "payload_bytes": 0})
         else:
             self.send_tensors(done, flat)
+
+    def _traced(self, model: Any, spec: dict[str, Any]) -> Callable[..., Any]:
+        """``model`` run under the dataflow trace (dataflow.py): phase 1 keeps what its launches wrote, phase 2
+        compares with it and reports which outputs PyTorch computed alone."""
+        first = spec.get("phase") == 1
+
+        def forward(*inputs: Any) -> Any:
+            trace = DataflowTrace(float(spec["atol"]), float(spec["rtol"]), self.counter.internal,
+                                  previous=None if first else self.dataflow_writes or {})
+            for x in inputs:
+                if isinstance(x, torch.Tensor):
+                    trace.remember(x)
+            self.counter.dataflow = trace
+            try:
+                with trace:
+                    out = model(*inputs)
+            finally:
+                self.counter.dataflow = None
+            if first:
+                self.dataflow_writes = trace.writes
+            self.dataflow_report = trace.report(flatten_plain(out)[1])
+            return out
+
+        return forward
 
     def _send_chunks(self, msg: dict[str, Any]) -> None:
         """The bytes of the chunks the judge drew from the last sampled call's outputs, in its order."""

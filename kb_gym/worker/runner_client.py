@@ -74,6 +74,7 @@ class CallReply:
     backends: list[str] = field(default_factory=list)
     mutated: bool = False
     numerics_changed: bool = False
+    dataflow: dict[str, Any] | None = None  # a traced call's report (dataflow.py), as the runner says
 
 
 @dataclass
@@ -316,17 +317,19 @@ class RunnerProcess:
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
              check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0,
-             knockout: bool = False) -> CallReply:
+             knockout: bool = False, dataflow: dict[str, Any] | None = None) -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
         ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py). ``knockout``:
-        the candidate's own kernels do nothing in this forward (launches.py)."""
+        the candidate's own kernels do nothing in this forward (launches.py); ``dataflow`` (phase, atol, rtol): the
+        forward is traced (dataflow.py) and the reply carries the runner's report."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce, "knockout": knockout,
-                    "chunk_bytes": chunk_bytes if timed else 0, "digest": "device" if self.device_digest else "host"})
+                    "dataflow": dataflow, "chunk_bytes": chunk_bytes if timed else 0,
+                    "digest": "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         if msg.get("type") == "error":
@@ -418,7 +421,8 @@ class RunnerProcess:
                          launches=_count(msg.get("launches")),
                          backends=[b for b in msg.get("backends") if b in BACKENDS] if isinstance(
                              msg.get("backends"), list) else [],
-                         mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")))
+                         mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")),
+                         dataflow=_dataflow_report(msg.get("dataflow")))
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
         """After "done": draw chunks, ask for them, check each against the hash "done" carried."""
@@ -597,6 +601,23 @@ def _count(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40:
         return value
     raise WireError(f"the runner reported a launch count that is not one: {str(value)[:40]!r}")
+
+
+def _dataflow_report(value: Any) -> dict[str, Any] | None:
+    """A traced call's report (dataflow.py) in the shape the judge reads, or None (no trace, or garbage: the
+    judge then takes nothing from it)."""
+    if not isinstance(value, dict):
+        return None
+    outputs = value.get("outputs")
+    if not isinstance(outputs, int) or isinstance(outputs, bool):
+        return None
+    lists = {name: value.get(name) for name in ("untainted", "computed")}
+    for items in lists.values():
+        if not isinstance(items, list) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and 0 <= k < outputs for k in items):
+            return None
+    counts = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+    return {**counts, **{name: sorted(set(items)) for name, items in lists.items()}, "outputs": outputs}
 
 
 def _running(pid: int) -> bool:

@@ -37,6 +37,9 @@ def _preload() -> None:
     import torch.nn.functional  # noqa: F401
     import torch.utils.cpp_extension  # noqa: F401
 
+    # a dispatch mode's first entry imports dynamo: 1.3 s of every runner's first traced call here (dataflow.py)
+    import torch._dynamo  # noqa: F401
+
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401

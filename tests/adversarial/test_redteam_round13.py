@@ -194,8 +194,6 @@ class ModelNew(nn.Module):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="hole: the knockout tests that the answer depends on a kernel, not that the "
-                                       "kernel does the work")
 @pytest.mark.parametrize("source", [HOLE_FILL, COPY_OUT, FLAG], ids=["one_element_hole", "copy_out", "scale_by_one"])
 def test_a_kernel_that_only_moves_pytorchs_answer_earns_no_speed_credit(ev, source):
     r = ev.evaluate(SCALE, source, config=TIMED)

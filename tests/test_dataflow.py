@@ -1,0 +1,207 @@
+"""The dataflow trace (kb_gym/worker/dataflow.py) on forwards written out here: which outputs PyTorch computed alone.
+
+Each forward stands for a candidate: ``launch`` plays a kernel (its body runs unrecorded, as a Triton launch or an
+extension call does), everything else is PyTorch. The trace runs twice, as the judge runs it (two seeds), and the
+second run's report is what the judge reads: ``untainted`` lists the outputs no kernel's work reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from kb_gym.worker.dataflow import DataflowTrace, launch_tensors
+
+
+def traced(forward, seeds=(1, 2), shape=(8, 16)):
+    """The second run's report of ``forward(x, launch)`` over two fresh inputs."""
+    previous = None
+    for phase, seed in enumerate(seeds, start=1):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        trace = DataflowTrace(1e-5, 1e-5, contextlib.nullcontext, previous=None if phase == 1 else previous or {})
+        trace.remember(x)
+
+        def launch(name, *tensors, body, _trace=trace):
+            return _trace.launch(name, tensors, {}, lambda: body(*tensors))
+
+        with torch.no_grad(), trace:
+            out = forward(x, launch)
+        previous = trace.writes
+        outs = list(out) if isinstance(out, tuple) else [out]
+    return trace.report(outs)
+
+
+def pytorchs(report) -> bool:
+    """As the judge reads it (correctness.pytorch_alone): every output untainted or computed by PyTorch anyway."""
+    return len(set(report["untainted"]) | set(report["computed"])) == report["outputs"]
+
+
+# --- what a kernel that does the work looks like --------------------------------------------------------------------
+
+def test_an_answer_a_kernel_computes_is_the_kernels():
+    def forward(x, launch):
+        out = torch.empty_like(x)
+        launch("affine", x, out, body=lambda a, o: o.copy_(a * 2 + 1))
+        return out
+
+    report = traced(forward)
+    assert not pytorchs(report) and report["kernel_writes"] == 1, report
+
+
+def test_partial_fusion_pytorch_matmul_and_a_kernel_epilogue_is_the_kernels():
+    w, b = torch.randn(16, 16), torch.randn(16)
+
+    def forward(x, launch):
+        mm = x @ w  # cuBLAS's part
+        out = torch.empty_like(mm)
+        launch("bias_relu", mm, out, body=lambda m, o: o.copy_(torch.relu(m + b)))
+        return out
+
+    assert not pytorchs(traced(forward))
+
+
+def test_a_pytorch_op_over_a_kernels_output_is_the_kernels():
+    def forward(x, launch):
+        h = torch.empty_like(x)
+        launch("gelu", x, h, body=lambda a, o: o.copy_(torch.nn.functional.gelu(a)))
+        return h * 2.0 + x  # PyTorch finishes: the answer still carries the kernel's work
+
+    assert not pytorchs(traced(forward))
+
+
+def test_a_reduction_to_one_element_that_follows_the_inputs_is_the_kernels():
+    def forward(x, launch):
+        loss = torch.zeros(1)
+        launch("mse", x, loss, body=lambda a, o: o.copy_((a * a).mean().reshape(1)))
+        return loss
+
+    report = traced(forward)
+    assert not pytorchs(report) and report.get("constant_writes", 0) == 0, report
+
+
+def test_tuple_outputs_are_pytorchs_only_where_every_one_is():
+    def forward(x, launch):
+        h = torch.empty_like(x)
+        launch("tanh", x, h, body=lambda a, o: o.copy_(torch.tanh(a)))
+        return h, torch.sigmoid(x)  # one output the kernel's, one PyTorch's
+
+    report = traced(forward)
+    assert report["untainted"] == [1] and report["computed"] == [] and not pytorchs(report), report
+
+
+# --- what a kernel that only moves PyTorch's answer looks like ------------------------------------------------------
+
+def test_pytorch_alone_with_no_launch_is_pytorchs():
+    assert pytorchs(traced(lambda x, launch: x * 2 + 1))
+
+
+def test_a_kernel_copying_pytorchs_answer_out_is_pytorchs():
+    def forward(x, launch):
+        y = x * 2 + 1
+        out = torch.empty_like(y)
+        launch("copy", y, out, body=lambda a, o: o.copy_(a))
+        return out
+
+    report = traced(forward)
+    assert pytorchs(report) and report["copies"] == 1, report
+
+
+def test_a_kernel_moving_one_element_into_pytorchs_answer_is_pytorchs():
+    def forward(x, launch):
+        y = x * 2 + 1
+        out = torch.full_like(y, float("nan"))
+        out.view(-1)[1:] = y.view(-1)[1:]
+        launch("first", y, out, body=lambda a, o: o.view(-1)[:1].copy_(a.view(-1)[:1]))
+        return out
+
+    assert pytorchs(traced(forward))
+
+
+def test_a_moved_answer_whose_source_was_freed_is_still_pytorchs():
+    # the source is gone by the launch: the copy is known by the bits PyTorch computed earlier
+    def forward(x, launch):
+        y = x * 2 + 1
+        first = y.view(-1)[:1].clone()
+        out = torch.full_like(y, float("nan"))
+        out.view(-1)[1:] = y.view(-1)[1:]
+        del y
+        launch("first", first, out, body=lambda a, o: o.view(-1)[:1].copy_(a))
+        return out
+
+    assert pytorchs(traced(forward))
+
+
+def test_a_kernel_copying_the_input_in_is_pytorchs():
+    def forward(x, launch):
+        buf = torch.empty_like(x)
+        launch("copy_in", x, buf, body=lambda a, o: o.copy_(a))
+        return buf * 2 + 1
+
+    assert pytorchs(traced(forward))
+
+
+@pytest.mark.parametrize("value", [1.0, 0.0, 3.0])
+def test_a_kernel_writing_a_constant_pytorch_uses_is_pytorchs(value):
+    def forward(x, launch):
+        c = torch.empty(1)
+        launch("const", c, body=lambda o: o.fill_(value))
+        y = x * 2 + 1
+        return y * (c / value) if value else y + c
+
+    report = traced(forward)
+    assert pytorchs(report) and report["constant_writes"] == 1, report
+
+
+def test_a_kernel_writing_zeros_into_pytorchs_last_op_is_pytorchs():
+    def forward(x, launch):
+        z = torch.empty_like(x)
+        launch("zeros", x, z, body=lambda a, o: o.copy_(a * 0))
+        return torch.relu(x) + (z - 0.0)
+
+    assert pytorchs(traced(forward))
+
+
+def test_a_kernel_that_writes_what_nobody_reads_is_pytorchs():
+    def forward(x, launch):
+        scratch = torch.empty_like(x)
+        launch("busy", x, scratch, body=lambda a, o: o.copy_(a.sin()))
+        return x * 2 + 1
+
+    assert pytorchs(traced(forward))
+
+
+# --- the trace's plumbing -------------------------------------------------------------------------------------------
+
+def test_launch_tensors_finds_tensors_in_lists_and_descriptors():
+    a, b, c = torch.zeros(1), torch.zeros(2), torch.zeros(3)
+
+    class Descriptor:  # Triton's TensorDescriptor keeps its tensor in ``base``
+        base = c
+
+    found = launch_tensors((a, [b, 3], Descriptor()), {"n": 4})
+    assert [t.numel() for t in found] == [1, 2, 3]
+
+
+def test_an_in_place_pytorch_op_on_a_kernels_tensor_keeps_it_the_kernels():
+    def forward(x, launch):
+        out = torch.empty_like(x)
+        launch("exp", x, out, body=lambda a, o: o.copy_(a.exp()))
+        out.mul_(2.0)
+        out[0] = 1.0
+        return out
+
+    assert not pytorchs(traced(forward))
+
+
+def test_a_kernel_adding_a_negligible_term_to_pytorchs_answer_is_pytorchs():
+    # the term follows the inputs (no constant) and is no copy, but the answer existed before the kernel touched it
+    def forward(x, launch):
+        y = x * 2 + 1
+        tiny = torch.empty_like(x)
+        launch("tiny", x, tiny, body=lambda a, o: o.copy_(a * 1e-30))
+        return y + tiny
+
+    report = traced(forward)
+    assert pytorchs(report) and report["computed"] == [0], report
