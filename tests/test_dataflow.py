@@ -205,3 +205,24 @@ def test_a_kernel_adding_a_negligible_term_to_pytorchs_answer_is_pytorchs():
 
     report = traced(forward)
     assert pytorchs(report) and report["computed"] == [0], report
+
+
+# --- the judge's verdict on our own kernels -------------------------------------------------------------------------
+
+def test_every_builtin_triton_solution_keeps_its_credit():
+    """The trace leaves honest kernels alone: every Triton solution of ours (CPU size, Triton's interpreter) is
+    correct through the evaluator, and neither the trace nor the knockout calls it a token (CUDA ones: on a GPU,
+    tests/gpu/test_gpu_engine.py)."""
+    from kb_gym import Evaluator, get_problem, load_problems
+    from kb_gym.problems.solutions import solution_files
+
+    problems = load_problems("builtin", size="cpu")
+    wrong = {}
+    with Evaluator("cpu", results_path=False, baseline_cache=False) as ev:
+        config = ev.config.replace(trials=1, timing=False)
+        for path in solution_files("cpu"):
+            problem = get_problem(problems, name=f"{path.parent.name}/{path.stem}")
+            r = ev.evaluate(problem, path.read_text(), config=config)
+            if r.status != "correct" or "token_kernel" in r.flags:
+                wrong[problem.key] = (r.status, r.flags, r.correctness.get("dataflow"), (r.error or "")[:200])
+    assert not wrong, wrong

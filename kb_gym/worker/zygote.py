@@ -32,13 +32,12 @@ _PR_SET_PDEATHSIG = 1
 def _preload() -> None:
     """Everything a runner imports, imported once here (CUDA stays uninitialised: a forked child must
     create its own context)."""
+    # torch._dynamo: a dispatch mode's first entry imports it, 1.3 s of every runner's first traced call (dataflow.py)
     import numpy  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
     import torch.nn.functional  # noqa: F401
     import torch.utils.cpp_extension  # noqa: F401
-
-    # a dispatch mode's first entry imports dynamo: 1.3 s of every runner's first traced call here (dataflow.py)
-    import torch._dynamo  # noqa: F401
 
     try:
         import triton  # noqa: F401

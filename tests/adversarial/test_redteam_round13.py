@@ -97,8 +97,9 @@ Fixed in the same session (the tests above them no longer xfail): 2. the knockou
 (``correctness._sampled_against_previous``); 4(a). the dedup key holds what the precheck reads beyond the syntax tree
 (``training/dedup._prechecked``: the length against the limits, the coding declaration); 1(d) and 5: a knocked-out
 Triton launch goes through Triton's own path with a zero grid, so its pre-run hooks run and it returns what a real
-launch returns (``launches.LaunchCounter``). Open: 1 (docs/integrity.md
-has the planned data-flow test) and 4(b), accepted (a policy cannot aim which sample is evaluated first).
+launch returns (``launches.LaunchCounter``). Fixed in session 22: 1, by the dataflow stage (``job._dataflow``,
+``worker/dataflow.py``; round 14 attacks it). Open: 4(b), accepted (a policy cannot aim which sample is evaluated
+first).
 
 All evaluations run on one CPU Evaluator of the module; the file takes ~25 s on 2 cores.
 """

@@ -147,6 +147,7 @@ def test_triton_solutions_correct_on_gpu(ev):
         r = ev.evaluate(problem, path.read_text())
         assert r.status == "correct", (problem.key, r.error)
         assert r.custom_kernel_launches and "no_custom_kernel" not in r.flags
+        assert "token_kernel" not in r.flags, (problem.key, r.correctness.get("dataflow"))
         assert r.speedup and r.speedup_ci and r.device == "cuda:0"
         assert r.hardware["name"] and r.hardware["driver"]
 
@@ -159,8 +160,8 @@ def test_triton_solutions_correct_at_gpu_size(ev):
     for path in sorted((BUILTIN_DIR / "solutions").glob("level*/*.py")):
         problem = get_problem(problems, name=f"{path.parent.name}/{path.stem}")
         r = ev.evaluate(problem, path.read_text(), config=config)
-        if r.status != "correct":
-            wrong[problem.key] = (r.status, (r.error or "")[:300])
+        if r.status != "correct" or "token_kernel" in r.flags:
+            wrong[problem.key] = (r.status, r.flags, r.correctness.get("dataflow"), (r.error or "")[:300])
     assert not wrong, wrong
 
 
