@@ -226,3 +226,24 @@ def test_every_builtin_triton_solution_keeps_its_credit():
             if r.status != "correct" or "token_kernel" in r.flags:
                 wrong[problem.key] = (r.status, r.flags, r.correctness.get("dataflow"), (r.error or "")[:200])
     assert not wrong, wrong
+
+
+def test_a_custom_op_whose_body_launches_a_kernel_is_the_kernels():
+    # torch.library.custom_op around a Triton kernel: the dispatch mode sees one op with untainted inputs, and the
+    # launch inside it; its result is the kernel's, not PyTorch's
+    lib = torch.library.Library("kb_gym_dataflow_test", "FRAGMENT")  # noqa: TOR901 - a test's own namespace
+    lib.define("affine(Tensor x) -> Tensor")
+    current = {}
+
+    def affine(x):
+        out = torch.empty_like(x)
+        return current["launch"]("affine", x, out, body=lambda a, o: o.copy_(a * 2 + 1))
+
+    lib.impl("affine", affine, "CompositeExplicitAutograd")
+
+    def forward(x, launch):
+        current["launch"] = lambda *a, body: (launch(*a, body=body), a[-1])[1]
+        return torch.ops.kb_gym_dataflow_test.affine(x)
+
+    report = traced(forward)
+    assert not pytorchs(report), report

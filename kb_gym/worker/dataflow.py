@@ -154,15 +154,18 @@ class DataflowTrace(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if self.quiet:
-            return out
+            return func(*args, **kwargs)
+        launched = self.stats["launches"]
+        out = func(*args, **kwargs)
         inputs = [t for t in tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         schema = func._schema
         written = [a for a, arg in zip(args, schema.arguments, strict=False)
                    if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor)]
-        if any(self.is_tainted(t) for t in inputs):
+        # an op whose body launched the candidate's kernels (a torch.library custom op around a Triton kernel) is
+        # theirs whatever its inputs were
+        if self.stats["launches"] != launched or any(self.is_tainted(t) for t in inputs):
             self.stats["tainted_ops"] += 1
             for t in outputs + written:
                 self._taint(t)
