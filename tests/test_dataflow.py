@@ -21,7 +21,7 @@ def traced(forward, seeds=(1, 2), shape=(8, 16)):
     for phase, seed in enumerate(seeds, start=1):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
         trace = DataflowTrace(1e-5, 1e-5, contextlib.nullcontext, previous=None if phase == 1 else previous or {})
-        trace.remember(x)
+        trace.add_input(x)
 
         def launch(name, *tensors, body, _trace=trace):
             return _trace.launch(name, tensors, {}, lambda: body(*tensors))
@@ -247,3 +247,33 @@ def test_a_custom_op_whose_body_launches_a_kernel_is_the_kernels():
 
     report = traced(forward)
     assert not pytorchs(report), report
+
+
+def test_a_transpose_kernel_on_a_data_movement_problem_is_the_kernels():
+    # the answer is the input's data moved: the kernel's copy of it, returned, is the work the problem asks for
+    def forward(x, launch):
+        out = torch.empty(x.shape[1], x.shape[0])
+        launch("transpose", x.t(), out, body=lambda a, o: o.copy_(a))
+        return out
+
+    assert not pytorchs(traced(forward))
+
+
+def test_pytorch_computing_on_a_kernels_transposed_input_is_pytorchs():
+    def forward(x, launch):
+        buf = torch.empty(x.shape[1], x.shape[0])
+        launch("transpose", x.t(), buf, body=lambda a, o: o.copy_(a))
+        return buf.t() * 2 + 1
+
+    assert pytorchs(traced(forward))
+
+
+def test_a_fill_is_no_answer_pytorch_computed():
+    # an answer within the tolerance of zero everywhere (a softmax over a million columns) matches empty_like's
+    # fresh zeros; a fill follows no input, so the kernel's answer stays the kernel's
+    def forward(x, launch):
+        out = torch.zeros_like(x)
+        launch("tiny_softmax", x, out, body=lambda a, o: o.copy_(torch.softmax(a, dim=1) * 1e-7))
+        return out
+
+    assert not pytorchs(traced(forward))

@@ -128,6 +128,13 @@ ATTR_RULES: dict[str, str] = {
     "__torch_function__": "tensor_subclass", "__torch_dispatch__": "tensor_subclass",
     "_make_subclass": "tensor_subclass", "_make_wrapper_subclass": "tensor_subclass",
     "py_impl": "tensor_subclass",
+    # the dispatcher's modes, turned off or read: the dataflow trace (worker/dataflow.py) is one (round 15)
+    **dict.fromkeys(("_DisableTorchDispatch", "_disable_current_modes", "_get_current_dispatch_mode",
+                     "_get_current_dispatch_mode_stack", "_pop_mode", "_pop_mode_temporarily", "_push_mode",
+                     "_len_torch_dispatch_stack", "_get_dispatch_stack_at", "_pop_torch_dispatch_stack",
+                     "_push_on_torch_dispatch_stack", "_unset_dispatch_mode", "_set_dispatch_mode",
+                     "_get_dispatch_mode", "_python_dispatch", "_ExcludeDispatchKeyGuard",
+                     "_DisablePythonDispatcher", "_disabled_torch_dispatch_impl"), "tensor_subclass"),
     "__builtins__": "harness_patch",
 }
 # Dunder attributes kernel code may touch: the data model's methods (``super().__init__()``, operators,

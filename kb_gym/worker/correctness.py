@@ -301,12 +301,14 @@ def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Call
     ``verdict``: "pytorch" where every output of a right answer is PyTorch's (no kernel's work reached it, or PyTorch
     had computed it anyway), "kernels" where one is not,
     "inconclusive" where the traced call failed, answered wrong or sent no report (no flag: the knockout stands)."""
-    spec = {"atol": atol, "rtol": rtol}
     try:
+        expected = reference(seeds[-1])
+        # results of the outputs' sizes are the ones the runner samples (dataflow.DataflowTrace.remember)
+        spec = {"atol": atol, "rtol": rtol, "numels": sorted({t.numel() for t in flatten_outputs(expected)})}
         for phase, seed in enumerate(seeds, start=1):
             reply = runner.call(seed, timeout=max(0.5, deadline - time.monotonic()), byte_limit=byte_limit,
                                 widen=widen, dataflow={**spec, "phase": phase})
-        why = check(reply.outputs, reference(seeds[-1]), seeds[-1])
+        why = check(reply.outputs, expected, seeds[-1])
     except Exception as exc:  # noqa: BLE001 - StageError, or what judging the traced outputs raises
         return {"verdict": "inconclusive", "why": f"{type(exc).__name__}: {str(exc)[:300]}"}
     report = reply.dataflow
@@ -314,5 +316,7 @@ def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Call
         return {"verdict": "inconclusive", "why": "the runner sent no report of the traced call"}
     if why is not None:
         return {"verdict": "inconclusive", "why": f"the traced call's answer was wrong: {why[:300]}", **report}
+    if report["overflow"]:  # more of PyTorch's results than an honest forward makes: the answer cannot be traced
+        return {"verdict": "pytorch", "why": "too many PyTorch results of the output's size to follow", **report}
     alone = report["outputs"] > 0 and len(set(report["untainted"]) | set(report["computed"])) == report["outputs"]
     return {"verdict": "pytorch" if alone else "kernels", **report}

@@ -8,9 +8,10 @@ every launch of the candidate's own kernels (a Triton JIT function, an extension
 ``DataflowTrace.launch``. A tensor is the candidate's ("tainted", by storage) once a launch wrote it, and an op's
 outputs are tainted where one of its inputs is. What a launch writes does *not* taint where it adds nothing:
 
-- a copy: the written tensor's whole value equals (within the problem's tolerance) a tensor PyTorch holds
-  untainted (a live one, or one of the launch's unchanged arguments), or matches one PyTorch computed earlier at
-  ``SAMPLES`` random positions;
+- a copy: the written tensor's whole value is exactly that of a tensor PyTorch holds untainted (a live one, a view
+  included, or one of the launch's unchanged arguments), or matches one PyTorch computed earlier at ``SAMPLES``
+  random positions within the tolerance. A copy of input data returned as it is, though, is the
+  kernel's work: that is what a data-movement problem (a transpose, a crop) asks for;
 - a constant of the inputs: the same launch (the kernel and its occurrence in the forward) wrote the same values
   on the other input set (the trace runs twice, on two seeds: ``previous`` holds the first run's writes).
 
@@ -43,8 +44,16 @@ from torch.utils._pytree import tree_leaves
 from kb_gym.worker.tensors import digest_of
 
 Fingerprint = tuple[int, str, int]  # numel, dtype, digest of the bytes
+# Ops that read a tensor's shape, never its values: their results are fills, not computed from the inputs (round 15:
+# ``empty_like``'s fresh memory reads as zeros, which a softmax over a million columns is within the tolerance of)
+FILLS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+                   "empty_strided", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+                   "fill", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_"})
 SAMPLES = 4096  # positions at which an output is compared with what PyTorch computed (all of a smaller one)
-MAX_SAMPLED = 20_000  # PyTorch's tensors sampled in one forward (16 KB each at most)
+# PyTorch's results of an output's size sampled in one forward (16 KB each at most); past it the forward cannot be
+# read (an honest one makes tens to hundreds): the judge then takes the answer for PyTorch's (round 15: a flood of
+# results ran a first-come budget out before the answer was made)
+MAX_SAMPLED = 50_000
 
 
 def launch_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -71,9 +80,10 @@ class DataflowTrace(TorchDispatchMode):
     device digest's kernel) run uncounted and untraced; ``previous``: the first run's ``writes``."""
 
     def __init__(self, atol: float, rtol: float, internal: Callable[[], Any],
-                 previous: dict[str, list[Fingerprint]] | None = None) -> None:
+                 previous: dict[str, list[Fingerprint]] | None = None, numels: list[int] | None = None) -> None:
         super().__init__()
         self.atol, self.rtol = atol, rtol
+        self.numels = set(numels) if numels else None  # the outputs' sizes: results of another size are not sampled
         self.internal = internal
         self.previous = previous
         self.tainted: dict[int, StorageWeakRef] = {}
@@ -81,6 +91,8 @@ class DataflowTrace(TorchDispatchMode):
         self.sampled: list[tuple[int, torch.dtype, torch.Tensor]] = []  # PyTorch's results, at their positions
         self.positions: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.salt = int.from_bytes(os.urandom(4), "little")  # positions no source can aim at ahead of the call
+        self.inputs: set[int] = set()  # the forward's inputs' storages
+        self.moved: set[int] = set()  # storages a launch filled with a copy of input data
         self.writes: dict[str, list[Fingerprint]] = {}  # "kernel#occurrence" -> what it wrote, this run
         self.occurrences: Counter[str] = Counter()
         self.quiet = 0  # > 0 inside a candidate's launch or our own bookkeeping: ops run, unrecorded
@@ -101,8 +113,10 @@ class DataflowTrace(TorchDispatchMode):
             self.tainted[key] = StorageWeakRef(t.untyped_storage())
 
     def _untaint(self, t: torch.Tensor) -> None:
+        """``t`` holds PyTorch's values now: its storage is untainted where ``t`` covers all of it (a view over part
+        of it leaves what a kernel wrote elsewhere in it tainted; round 15)."""
         key = _storage_key(t)
-        if key is not None:
+        if key is not None and t.numel() * t.element_size() == t.untyped_storage().nbytes():
             self.tainted.pop(key, None)
 
     def _fingerprint(self, t: torch.Tensor, values: bool = False) -> Fingerprint:
@@ -112,13 +126,26 @@ class DataflowTrace(TorchDispatchMode):
                 t = torch.where(t == 0, torch.zeros_like(t), t)
             return t.numel(), str(t.dtype), digest_of(t, 0, 0, on_device=t.is_cuda)
 
+    def add_input(self, t: torch.Tensor) -> None:
+        """One of the forward's inputs: PyTorch's, and the data a data-movement problem's answer is made of."""
+        self.inputs.add(_storage_key(t))
+        self.remember(t)
+
     def remember(self, t: torch.Tensor, computed: bool = False) -> None:
-        """``t`` is PyTorch's: a source a kernel's copy is compared with; ``computed`` (an op's result, not a view or
-        an input): one an output is compared with too."""
+        """``t`` is PyTorch's: a source a kernel's copy is compared with; ``computed`` (a result an op computed from
+        tensors, not a view, an input or a factory's fill): one an output is compared with too, in its logical order
+        and, where its layout differs, in its memory's (``x.t() * 2`` is laid out as the answer of ``(x * 2).t()``)."""
         self.live.append(weakref.ref(t))
-        if computed and t.numel() > 1 and len(self.sampled) < MAX_SAMPLED:
-            with self._bookkeeping():
-                self.sampled.append((t.numel(), t.dtype, self._sample(t)))
+        if not computed or not t.numel() or (self.numels is not None and t.numel() not in self.numels):
+            return
+        if len(self.sampled) >= MAX_SAMPLED:
+            self.stats["unsampled"] += 1
+            return
+        with self._bookkeeping():
+            self.sampled.append((t.numel(), t.dtype, self._sample(t)))
+            if not t.is_contiguous() and _dense(t):
+                memory = t.as_strided((t.numel(),), (1,), t.storage_offset())
+                self.sampled.append((t.numel(), t.dtype, self._sample(memory)))
 
     def _sample(self, t: torch.Tensor) -> torch.Tensor:
         key = (t.numel(), t.device)
@@ -130,14 +157,17 @@ class DataflowTrace(TorchDispatchMode):
                 self.positions[key] = torch.randint(t.numel(), (SAMPLES,), generator=generator).to(t.device)
         return t.detach().reshape(-1)[self.positions[key]]
 
-    def _matches_sampled(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` matches, at the sampled positions, a result PyTorch computed."""
+    def _matches_sampled(self, t: torch.Tensor, exact: bool = False) -> bool:
+        """Whether ``t`` matches, at the sampled positions, a result PyTorch computed (in another floating dtype
+        too: a kernel that casts PyTorch's float64 answer only moves it); within the tolerance, or ``exact``ly."""
         with self._bookkeeping():
             mine = None
             for numel, dtype, values in self.sampled:
-                if numel == t.numel() and dtype == t.dtype and values.device == t.device:
+                same_kind = dtype == t.dtype or (dtype.is_floating_point and t.is_floating_point())
+                if numel == t.numel() and same_kind and values.device == t.device:
                     mine = self._sample(t) if mine is None else mine
-                    if _close(mine, values, self.atol, self.rtol):
+                    theirs = values if values.dtype == mine.dtype else values.to(mine.dtype)
+                    if _same(mine, theirs) if exact else _close(mine, theirs, self.atol, self.rtol):
                         return True
         return False
 
@@ -156,16 +186,21 @@ class DataflowTrace(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.quiet:
             return func(*args, **kwargs)
-        launched = self.stats["launches"]
+        worked = self.stats["kernel_writes"]
         out = func(*args, **kwargs)
-        inputs = [t for t in tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         schema = func._schema
+        # what the op reads: its tensor arguments but an out= tensor, which it only writes (round 15: PyTorch's answer
+        # written with out= onto a buffer a kernel had scribbled on was the kernel's)
+        write_only = {a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None
+                      and a.alias_info.is_write}
+        reads = [t for t in tree_leaves((list(args), {k: v for k, v in kwargs.items() if k not in write_only}))
+                 if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         written = [a for a, arg in zip(args, schema.arguments, strict=False)
                    if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor)]
-        # an op whose body launched the candidate's kernels (a torch.library custom op around a Triton kernel) is
-        # theirs whatever its inputs were
-        if self.stats["launches"] != launched or any(self.is_tainted(t) for t in inputs):
+        # an op whose body a kernel's work went into (a torch.library custom op around a Triton kernel) is theirs
+        # whatever its inputs were; one whose launches only copied or wrote constants is not (round 15)
+        if self.stats["kernel_writes"] != worked or any(self.is_tainted(t) for t in reads):
             self.stats["tainted_ops"] += 1
             for t in outputs + written:
                 self._taint(t)
@@ -173,7 +208,9 @@ class DataflowTrace(TorchDispatchMode):
         self.stats["pytorch_ops"] += 1
         views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
         for t in outputs:
-            self.remember(t, computed=not views)  # a view's values were sampled where its base was made
+            self._untaint(t)  # an out= tensor PyTorch filled whole
+            # a view's values were sampled where its base was made; a factory's (empty, zeros, full) follow no input
+            self.remember(t, computed=not views and bool(reads) and func.overloadpacket.__name__ not in FILLS)
         return out
 
     # --- the candidate's launches -------------------------------------------------------------------------------
@@ -204,19 +241,24 @@ class DataflowTrace(TorchDispatchMode):
         self.stats["launches"] += 1
         constant = self.previous is not None and bool(prints) and self.previous.get(slot) == prints
         for t in wrote:
+            source = None if constant else self._copy_of(t, unchanged)
             if constant:
                 self.stats["constant_writes"] += 1
                 self._untaint(t)
-            elif self._copies(t, unchanged) or self._matches_sampled(t):
+            elif source is not None or self._matches_sampled(t, exact=True):
                 self.stats["copies"] += 1
                 self._untaint(t)
+                if source is not None and _storage_key(source) in self.inputs:
+                    self.moved.add(_storage_key(t))
             else:
                 self.stats["kernel_writes"] += 1
                 self._taint(t)
         return result
 
-    def _copies(self, t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
-        """Whether ``t``'s whole value is, within the tolerance, that of an untainted tensor PyTorch holds."""
+    def _copy_of(self, t: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor | None:
+        """The untainted tensor PyTorch holds whose whole value ``t``'s is, or None. Exactly: a move keeps the bits,
+        and a kernel whose real work is within the tolerance of its input (a BatchNorm with fresh running
+        statistics) is work that PyTorch's ops after it carry on from (round 15)."""
         key = _storage_key(t)
         self.live = [ref for ref in self.live if ref() is not None]
         live = [ref() for ref in self.live]
@@ -225,17 +267,35 @@ class DataflowTrace(TorchDispatchMode):
                 if (s.numel() != t.numel() or s.dtype != t.dtype or s.device != t.device or _storage_key(s) == key
                         or self.is_tainted(s)):
                     continue
-                if _close(t.reshape(-1), s.reshape(-1), self.atol, self.rtol):
-                    return True
-        return False
+                if _same(t.reshape(-1), s.reshape(-1)):
+                    return s
+        return None
 
     def report(self, outputs: list[torch.Tensor]) -> dict[str, Any]:
         """What the judge reads: which outputs no kernel's work reached, which PyTorch had computed anyway, and the
         counts behind them."""
-        untainted = [k for k, t in enumerate(outputs) if not self.is_tainted(t)]
+        # an output a launch filled with input data (a transpose, a crop: the problem is data movement) is the
+        # kernel's work; PyTorch computing on such a copy is not (the copy is PyTorch's input)
+        untainted = [k for k, t in enumerate(outputs) if not self.is_tainted(t) and _storage_key(t) not in self.moved]
         computed = [k for k, t in enumerate(outputs) if k not in untainted and self._matches_sampled(t)]
         return {"untainted": untainted, "computed": computed, "outputs": len(outputs),
-                **{k: int(v) for k, v in self.stats.items()}}
+                "overflow": bool(self.stats["unsampled"]), **{k: int(v) for k, v in self.stats.items()}}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill a block of memory one each (a permutation of a contiguous layout)."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride(), strict=True) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return bool(torch.equal(a, b))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:

@@ -278,11 +278,13 @@ class Runner:
         first = spec.get("phase") == 1
 
         def forward(*inputs: Any) -> Any:
+            numels = spec.get("numels")
             trace = DataflowTrace(float(spec["atol"]), float(spec["rtol"]), self.counter.internal,
-                                  previous=None if first else self.dataflow_writes or {})
+                                  previous=None if first else self.dataflow_writes or {},
+                                  numels=[int(n) for n in numels] if isinstance(numels, list) else None)
             for x in inputs:
                 if isinstance(x, torch.Tensor):
-                    trace.remember(x)
+                    trace.add_input(x)
             self.counter.dataflow = trace
             try:
                 with trace:

@@ -617,7 +617,8 @@ def _dataflow_report(value: Any) -> dict[str, Any] | None:
                 isinstance(k, int) and not isinstance(k, bool) and 0 <= k < outputs for k in items):
             return None
     counts = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
-    return {**counts, **{name: sorted(set(items)) for name, items in lists.items()}, "outputs": outputs}
+    return {**counts, **{name: sorted(set(items)) for name, items in lists.items()}, "outputs": outputs,
+            "overflow": value.get("overflow") is True}
 
 
 def _running(pid: int) -> bool:
