@@ -22,9 +22,14 @@ touched it: a kernel that adds negligible values to it, or moves it, changes not
 output, is the kernel's, unless PyTorch had computed it whole anyway.
 
 Like the knockout, this runs in the candidate's process and is its report: defence in depth. What it does not
-catch (docs/integrity.md, Open): a kernel doing real but undone work (writes ``2 x``, PyTorch computes on half of
-it), a copy split over launches and finished by PyTorch, writes through pointers to tensors the launch was not
-given, and a candidate that tells the traced call (an active dispatch mode) and behaves there.
+catch (docs/integrity.md, Open; rounds 14 and 15): a kernel's real work that PyTorch undoes (writes ``2 x``, PyTorch
+computes on half of it) or uses only trivially (as a NaN mask), moves across shapes (PyTorch computes the answer's
+halves or a padded answer, the kernel concatenates or crops), work PyTorch does in place in a storage a kernel wrote
+part of (taint is per storage), a kernel that computes a sliver of the answer, compute outside the dispatcher
+(numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the traced call
+(an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole work is
+within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and a
+kernel's result finished on the host through ``.item()`` (taint does not follow a Python number).
 """
 
 from __future__ import annotations
