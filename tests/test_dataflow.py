@@ -277,3 +277,15 @@ def test_a_fill_is_no_answer_pytorch_computed():
         return out
 
     assert not pytorchs(traced(forward))
+
+
+def test_pytorchs_answer_copied_over_a_kernels_buffer_is_pytorchs():
+    # copy_ overwrites its destination without reading it: what a kernel wrote there before is gone
+    def forward(x, launch):
+        out = torch.empty_like(x)
+        launch("scribble", x, out, body=lambda a, o: o.copy_(a.sin()))
+        out.copy_(x * 2 + 1)
+        return out
+
+    report = traced(forward)
+    assert report["untainted"] == [0], report  # no kernel's work reaches it (not only: it matches PyTorch's result)

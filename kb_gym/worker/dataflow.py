@@ -49,6 +49,8 @@ from torch.utils._pytree import tree_leaves
 from kb_gym.worker.tensors import digest_of
 
 Fingerprint = tuple[int, str, int]  # numel, dtype, digest of the bytes
+# In-place ops that overwrite their first argument without reading its values
+OVERWRITES = frozenset({"copy_", "fill_", "zero_"})
 # Ops that read a tensor's shape, never its values: their results are fills, not computed from the inputs (round 15:
 # ``empty_like``'s fresh memory reads as zeros, which a softmax over a million columns is within the tolerance of)
 FILLS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
@@ -198,7 +200,10 @@ class DataflowTrace(TorchDispatchMode):
         # written with out= onto a buffer a kernel had scribbled on was the kernel's)
         write_only = {a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None
                       and a.alias_info.is_write}
-        reads = [t for t in tree_leaves((list(args), {k: v for k, v in kwargs.items() if k not in write_only}))
+        shown = list(args)
+        if func.overloadpacket.__name__ in OVERWRITES and shown:  # ``dst.copy_(src)``, ``dst.fill_(v)``: dst unread
+            shown[0] = None
+        reads = [t for t in tree_leaves((shown, {k: v for k, v in kwargs.items() if k not in write_only}))
                  if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         written = [a for a, arg in zip(args, schema.arguments, strict=False)
