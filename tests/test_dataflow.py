@@ -289,3 +289,33 @@ def test_pytorchs_answer_copied_over_a_kernels_buffer_is_pytorchs():
 
     report = traced(forward)
     assert report["untainted"] == [0], report  # no kernel's work reaches it (not only: it matches PyTorch's result)
+
+
+def test_a_sparse_result_is_followed_without_breaking_the_forward():
+    def forward(x, launch):
+        sparse = x.relu().to_sparse()
+        dense = sparse.to_dense()
+        out = torch.empty_like(dense)
+        launch("affine", dense, out, body=lambda a, o: o.copy_(a * 2 + 1))
+        return out
+
+    report = traced(forward)
+    assert not pytorchs(report), report
+
+
+def test_taint_follows_a_sparse_round_trip():
+    # a kernel's output through a sparse tensor and back is still the kernel's; PyTorch's answer through one is
+    # still PyTorch's
+    def kernel_first(x, launch):
+        h = torch.empty_like(x)
+        launch("relu", x, h, body=lambda a, o: o.copy_(a.relu()))
+        return h.to_sparse().to_dense() * 2
+
+    def pytorch_first(x, launch):
+        y = (x.relu().to_sparse() * 2).to_dense()
+        out = torch.empty_like(y)
+        launch("copy", y, out, body=lambda a, o: o.copy_(a))
+        return out
+
+    assert not pytorchs(traced(kernel_first))
+    assert pytorchs(traced(pytorch_first))

@@ -75,10 +75,19 @@ def launch_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
     return found
 
 
+def _storage(t: torch.Tensor) -> Any:
+    """The storage that holds ``t``'s values: a sparse tensor's is its values' (it has none of its own)."""
+    if t.layout == torch.sparse_coo:
+        return t._values().untyped_storage()
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return t.values().untyped_storage()
+    return t.untyped_storage()
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError, AttributeError):  # sparse and other storage-less layouts
+        return _storage(t)._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):  # nested and other storage-less layouts
         return None
 
 
@@ -117,13 +126,13 @@ class DataflowTrace(TorchDispatchMode):
     def _taint(self, t: torch.Tensor) -> None:
         key = _storage_key(t)
         if key is not None:
-            self.tainted[key] = StorageWeakRef(t.untyped_storage())
+            self.tainted[key] = StorageWeakRef(_storage(t))
 
     def _untaint(self, t: torch.Tensor) -> None:
         """``t`` holds PyTorch's values now: its storage is untainted where ``t`` covers all of it (a view over part
         of it leaves what a kernel wrote elsewhere in it tainted; round 15)."""
         key = _storage_key(t)
-        if key is not None and t.numel() * t.element_size() == t.untyped_storage().nbytes():
+        if key is not None and t.layout == torch.strided and t.numel() * t.element_size() == _storage(t).nbytes():
             self.tainted.pop(key, None)
 
     def _fingerprint(self, t: torch.Tensor, values: bool = False) -> Fingerprint:
@@ -149,10 +158,13 @@ class DataflowTrace(TorchDispatchMode):
             self.stats["unsampled"] += 1
             return
         with self._bookkeeping():
-            self.sampled.append((t.numel(), t.dtype, self._sample(t)))
-            if not t.is_contiguous() and _dense(t):
-                memory = t.as_strided((t.numel(),), (1,), t.storage_offset())
-                self.sampled.append((t.numel(), t.dtype, self._sample(memory)))
+            try:
+                self.sampled.append((t.numel(), t.dtype, self._sample(t)))
+                if not t.is_contiguous() and _dense(t):
+                    memory = t.as_strided((t.numel(),), (1,), t.storage_offset())
+                    self.sampled.append((t.numel(), t.dtype, self._sample(memory)))
+            except (RuntimeError, NotImplementedError):  # a sparse or other strideless layout: no flat values
+                self.stats["unsampleable"] += 1
 
     def _sample(self, t: torch.Tensor) -> torch.Tensor:
         key = (t.numel(), t.device)
@@ -167,6 +179,8 @@ class DataflowTrace(TorchDispatchMode):
     def _matches_sampled(self, t: torch.Tensor, exact: bool = False) -> bool:
         """Whether ``t`` matches, at the sampled positions, a result PyTorch computed (in another floating dtype
         too: a kernel that casts PyTorch's float64 answer only moves it); within the tolerance, or ``exact``ly."""
+        if t.layout != torch.strided:
+            return False
         with self._bookkeeping():
             mine = None
             for numel, dtype, values in self.sampled:
@@ -275,7 +289,7 @@ class DataflowTrace(TorchDispatchMode):
         with self._bookkeeping():
             for s in sources + [s for s in live if s is not None]:
                 if (s.numel() != t.numel() or s.dtype != t.dtype or s.device != t.device or _storage_key(s) == key
-                        or self.is_tainted(s)):
+                        or s.layout != torch.strided or t.layout != torch.strided or self.is_tainted(s)):
                     continue
                 if _same(t.reshape(-1), s.reshape(-1)):
                     return s
