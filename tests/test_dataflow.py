@@ -319,3 +319,13 @@ def test_taint_follows_a_sparse_round_trip():
 
     assert not pytorchs(traced(kernel_first))
     assert pytorchs(traced(pytorch_first))
+
+
+def test_pytorch_computing_in_place_on_a_kernels_copy_of_the_input_is_pytorchs():
+    def forward(x, launch):
+        buf = torch.empty_like(x)
+        launch("copy_in", x, buf, body=lambda a, o: o.copy_(a))
+        return buf.mul_(2).add_(1)
+
+    report = traced(forward)
+    assert report["untainted"] == [0], report

@@ -108,7 +108,9 @@ class DataflowTrace(TorchDispatchMode):
         self.positions: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.salt = int.from_bytes(os.urandom(4), "little")  # positions no source can aim at ahead of the call
         self.inputs: set[int] = set()  # the forward's inputs' storages
-        self.moved: set[int] = set()  # storages a launch filled with a copy of input data
+        # storages a launch filled with a copy of input data (weak references hold their addresses: no new storage
+        # can take one while it is listed)
+        self.moved: dict[int, StorageWeakRef] = {}
         self.writes: dict[str, list[Fingerprint]] = {}  # "kernel#occurrence" -> what it wrote, this run
         self.occurrences: Counter[str] = Counter()
         self.quiet = 0  # > 0 inside a candidate's launch or our own bookkeeping: ops run, unrecorded
@@ -134,6 +136,10 @@ class DataflowTrace(TorchDispatchMode):
         key = _storage_key(t)
         if key is not None and t.layout == torch.strided and t.numel() * t.element_size() == _storage(t).nbytes():
             self.tainted.pop(key, None)
+
+    def _moved(self, t: torch.Tensor) -> bool:
+        ref = self.moved.get(_storage_key(t))
+        return ref is not None and not ref.expired()
 
     def _fingerprint(self, t: torch.Tensor, values: bool = False) -> Fingerprint:
         """The tensor's bytes, digested; with ``values`` of its values (-0.0 as 0.0: ``x * 0`` is no input's)."""
@@ -222,6 +228,7 @@ class DataflowTrace(TorchDispatchMode):
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         written = [a for a, arg in zip(args, schema.arguments, strict=False)
                    if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor)]
+        written += [t for t in tree_leaves([kwargs.get(name) for name in write_only]) if isinstance(t, torch.Tensor)]
         # an op whose body a kernel's work went into (a torch.library custom op around a Triton kernel) is theirs
         # whatever its inputs were; one whose launches only copied or wrote constants is not (round 15)
         if self.stats["kernel_writes"] != worked or any(self.is_tainted(t) for t in reads):
@@ -231,6 +238,8 @@ class DataflowTrace(TorchDispatchMode):
             return out
         self.stats["pytorch_ops"] += 1
         views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        for t in written:
+            self.moved.pop(_storage_key(t), None)  # PyTorch's values now, not the input's moved
         for t in outputs:
             self._untaint(t)  # an out= tensor PyTorch filled whole
             # a view's values were sampled where its base was made; a factory's (empty, zeros, full) follow no input
@@ -273,7 +282,7 @@ class DataflowTrace(TorchDispatchMode):
                 self.stats["copies"] += 1
                 self._untaint(t)
                 if source is not None and _storage_key(source) in self.inputs:
-                    self.moved.add(_storage_key(t))
+                    self.moved[_storage_key(t)] = StorageWeakRef(_storage(t))
             else:
                 self.stats["kernel_writes"] += 1
                 self._taint(t)
@@ -300,7 +309,7 @@ class DataflowTrace(TorchDispatchMode):
         counts behind them."""
         # an output a launch filled with input data (a transpose, a crop: the problem is data movement) is the
         # kernel's work; PyTorch computing on such a copy is not (the copy is PyTorch's input)
-        untainted = [k for k, t in enumerate(outputs) if not self.is_tainted(t) and _storage_key(t) not in self.moved]
+        untainted = [k for k, t in enumerate(outputs) if not self.is_tainted(t) and not self._moved(t)]
         computed = [k for k, t in enumerate(outputs) if k not in untainted and self._matches_sampled(t)]
         return {"untainted": untainted, "computed": computed, "outputs": len(outputs),
                 "overflow": bool(self.stats["unsampled"]), **{k: int(v) for k, v in self.stats.items()}}
