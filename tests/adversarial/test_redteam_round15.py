@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_redteam_round13 import CHECK
+from test_redteam_round13 import CHECK, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
 
@@ -46,25 +46,58 @@ def ev():
         yield e
 
 
-P_SCALESHIFT = Problem(id=3, name='3_ScaleShift', level=1, code="""import torch
-import torch.nn as nn
-import torch.nn.functional as F
+KERNELS = HEAD + """
+@triton.jit
+def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    m = c < C
+    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
 
-class Model(nn.Module):
-    def forward(self, x):
-        return x * 2.0 + 1.0
+def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
+    R, C = dst.shape
+    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
+                  BLOCK=triton.next_power_of_2(C))
 
-def get_inputs():
-    return [torch.randn(64, 256)]
+@triton.jit
+def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(src + offs, mask=m)
+    tl.store(dst + offs, v, mask=m)
+    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
 
-def get_init_inputs():
-    return []
-""")
+def move_and_scribble(src, dst):
+    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
+
+@triton.jit
+def _sin(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
+
+@triton.jit
+def _one(ptr):
+    tl.store(ptr, 1.0)
+
+@triton.jit
+def _fill1(ptr, v):
+    tl.store(ptr, v)
+"""
+
+
+GATHER = HEAD + """
+@triton.jit
+def _gather2d(src, dst, C, ssr, ssc, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    m = c < C
+    tl.store(dst + r * C + c, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
+"""
 
 
 P_MSE = Problem(id=108, name='108_MSE', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, a, b):
@@ -99,7 +132,6 @@ def get_init_inputs():
 
 P_SOFTMAX = Problem(id=109, name='109_Softmax', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -115,7 +147,6 @@ def get_init_inputs():
 
 P_ARGMAX = Problem(id=111, name='111_Argmax', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -131,7 +162,6 @@ def get_init_inputs():
 
 P_RELUOFTRANSPOSE = Problem(id=113, name='113_ReluOfTranspose', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -147,7 +177,6 @@ def get_init_inputs():
 
 P_RELU = Problem(id=101, name='101_Relu', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -163,7 +192,6 @@ def get_init_inputs():
 
 P_TRANSPOSE = Problem(id=123, name='123_Transpose', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -179,7 +207,6 @@ def get_init_inputs():
 
 P_RELUCATSKIP = Problem(id=130, name='130_ReluCatSkip', level=1, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def forward(self, x):
@@ -195,7 +222,6 @@ def get_init_inputs():
 
 P_LINEARBATCHNORM = Problem(id=122, name='122_LinearBatchNorm', level=2, code="""import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 class Model(nn.Module):
     def __init__(self):
@@ -213,18 +239,7 @@ def get_init_inputs():
 """)
 
 
-B02b = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _gather2d(src, dst, C, ssr, ssc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * C + c, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
+B02b = GATHER + """
 class ModelNew(nn.Module):
     def forward(self, x):
         y_t = (x.t() * 2.0 + 1.0).contiguous()   # PyTorch's answer in the transposed order, (256, 64)
@@ -234,11 +249,7 @@ class ModelNew(nn.Module):
 """
 
 
-B02c = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+B02c = HEAD + """
 @triton.jit
 def _flat(src, dst, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -254,48 +265,7 @@ class ModelNew(nn.Module):
 """
 
 
-B03 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B03 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, x):
         y64 = x.double() * 2.0 + 1.0       # PyTorch's answer, in float64
@@ -305,48 +275,7 @@ class ModelNew(nn.Module):
 """
 
 
-B05 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B05 = KERNELS + """
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
@@ -361,48 +290,7 @@ class ModelNew(nn.Module):
 """
 
 
-B07 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B07 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, a, b):
         loss = torch.mean((a - b) ** 2).item()   # PyTorch's whole answer, as a Python float
@@ -412,48 +300,7 @@ class ModelNew(nn.Module):
 """
 
 
-B08 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B08 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, a, b):
         loss = torch.mean((a - b) ** 2).reshape(1)   # one element: never sampled (numel > 1 only)
@@ -463,48 +310,7 @@ class ModelNew(nn.Module):
 """
 
 
-B09 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B09 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, x):
         buf = torch.empty_like(x)
@@ -516,11 +322,7 @@ class ModelNew(nn.Module):
 """
 
 
-B16 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+B16 = HEAD + """
 @triton.jit
 def _one(ptr):
     tl.store(ptr, 1.0)
@@ -541,11 +343,7 @@ class ModelNew(nn.Module):
 """
 
 
-A05 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A05 = HEAD + """
 @triton.jit
 def _bias_gelu(src, bias, dst, n, cols, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -567,11 +365,7 @@ class ModelNew(nn.Module):
 """
 
 
-A09 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A09 = HEAD + """
 @triton.jit
 def _sq_diff_sum(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -589,11 +383,7 @@ class ModelNew(nn.Module):
 """
 
 
-A10 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A10 = HEAD + """
 @triton.jit
 def _softmax_given_max(x_ptr, mx_ptr, y_ptr, cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -614,11 +404,7 @@ class ModelNew(nn.Module):
 """
 
 
-A12 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A12 = HEAD + """
 @triton.jit
 def _argmax_rows(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -635,11 +421,7 @@ class ModelNew(nn.Module):
 """
 
 
-A14 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A14 = HEAD + """
 @triton.jit
 def _relu2_strided(x_ptr, y_ptr, R, C, sxr, sxc, syr, syc, BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -658,11 +440,7 @@ class ModelNew(nn.Module):
 """
 
 
-A16 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A16 = HEAD + """
 @triton.jit
 def _relu_k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -686,11 +464,7 @@ class ModelNew(nn.Module):
 """
 
 
-A21 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A21 = HEAD + """
 @triton.jit
 def _copy_strided(src, dst, C, ssr, ssc, BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -707,11 +481,7 @@ class ModelNew(nn.Module):
 """
 
 
-A23 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A23 = HEAD + """
 @triton.jit
 def _relu2_rows(x_ptr, out_ptr, C, out_stride, BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -738,11 +508,7 @@ class ModelNew(nn.Module):
 """
 
 
-B01b = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+B01b = HEAD + """
 @triton.jit
 def _concat(top, bottom, dst, n_top, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -761,18 +527,7 @@ class ModelNew(nn.Module):
 """
 
 
-B04b = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _gather2d(src, dst, C, ssr, ssc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * C + c, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
+B04b = GATHER + """
 class ModelNew(nn.Module):
     def forward(self, x):
         padded = torch.nn.functional.pad(x, (0, 1)) * 2.0 + 1.0   # (64, 257): the answer plus a column
@@ -782,11 +537,7 @@ class ModelNew(nn.Module):
 """
 
 
-B10b = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+B10b = HEAD + """
 @triton.jit
 def _sin_col(src, dst, n, stride, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
@@ -804,48 +555,7 @@ class ModelNew(nn.Module):
 """
 
 
-B11 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B11 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, x):
         m = torch.full_like(x, float("nan"))
@@ -854,11 +564,7 @@ class ModelNew(nn.Module):
 """
 
 
-B15 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+B15 = HEAD + """
 @triton.jit
 def _first(x, out):
     tl.store(out, tl.load(x) * 2.0 + 1.0)   # the kernel computes out[0, 0]: 1 element of 16,384
@@ -872,48 +578,7 @@ class ModelNew(nn.Module):
 """
 
 
-B06 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def _copy2d(src, dst, R, C, ssr, ssc, sdr, sdc, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    m = c < C
-    tl.store(dst + r * sdr + c * sdc, tl.load(src + r * ssr + c * ssc, mask=m), mask=m)
-
-def copy2d(src, dst):   # dst[r, c] = src[r, c], any strides, any dtype pair (the store casts)
-    R, C = dst.shape
-    _copy2d[(R,)](src, dst, R, C, src.stride(0), src.stride(1), dst.stride(0), dst.stride(1),
-                  BLOCK=triton.next_power_of_2(C))
-
-@triton.jit
-def _move_and_scribble(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    tl.store(dst + offs, v, mask=m)
-    tl.store(src + offs, v * 0.0 + float("nan"), mask=m)   # the source is spoiled after the read
-
-def move_and_scribble(src, dst):
-    _move_and_scribble[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
-
-@triton.jit
-def _sin(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.sin(tl.load(src + offs, mask=m)), mask=m)
-
-@triton.jit
-def _one(ptr):
-    tl.store(ptr, 1.0)
-
-@triton.jit
-def _fill1(ptr, v):
-    tl.store(ptr, v)
-
+B06 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, x):
         src = torch.from_numpy(x.numpy() * 2.0 + 1.0)   # numpy computes the answer: no aten op sees it
@@ -923,11 +588,7 @@ class ModelNew(nn.Module):
 """
 
 
-A18 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A18 = HEAD + """
 @triton.jit
 def _bn_eval(x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, y_ptr, n, C, eps, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -954,11 +615,7 @@ class ModelNew(nn.Module):
 """
 
 
-A19 = """import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
+A19 = HEAD + """
 @triton.jit
 def _sq_diff_partial(a_ptr, b_ptr, part_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -979,8 +636,13 @@ class ModelNew(nn.Module):
 
 
 
-@pytest.mark.parametrize(("problem", "source"), [(P_SCALESHIFT, B02b), (P_SCALESHIFT, B02c), (P_SCALESHIFT, B03), (P_SCALESHIFT, B05), (P_MSE, B07), (P_MSE, B08), (P_SCALESHIFT, B09), (P_SCALESHIFT, B16)],
-                         ids=['transpose_kernel_indexes', 'flat_copy_of_transposed_result', 'cast_from_float64', 'sample_budget_foreach', 'item_scalar_into_kernel', 'scalar_move_and_scribble', 'out_eq_onto_tainted_buffer', 'custom_op_body_pytorch'])
+@pytest.mark.parametrize(("problem", "source"), [
+    (SCALE, B02b), (SCALE, B02c), (SCALE, B03), (SCALE, B05), (P_MSE, B07), (P_MSE, B08), (SCALE, B09),
+    (SCALE, B16)
+], ids=[
+    "transpose_kernel_indexes", "flat_copy_of_transposed_result", "cast_from_float64", "sample_budget_foreach",
+    "item_scalar_into_kernel", "scalar_move_and_scribble", "out_eq_onto_tainted_buffer", "custom_op_body_pytorch"
+])
 def test_pytorchs_answer_moved_by_a_kernel_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
     assert r.status == "correct", (r.status, r.error)
@@ -990,12 +652,18 @@ def test_pytorchs_answer_moved_by_a_kernel_is_a_token(ev, problem, source):
 def test_turning_the_dispatchers_modes_off_is_rejected(ev):
     source = B09.replace("    def forward(self, x):\n", "    def forward(self, x):\n        torch._C._DisableTorchDispatch\n", 1)
     assert source != B09
-    r = ev.evaluate(P_SCALESHIFT, source, config=CHECK)
+    r = ev.evaluate(SCALE, source, config=CHECK)
     assert r.status == "rejected" and "tensor_subclass" in r.flags, (r.status, r.flags)
 
 
-@pytest.mark.parametrize(("problem", "source"), [(P_LINEARGELU, A05), (P_MSE, A09), (P_SOFTMAX, A10), (P_ARGMAX, A12), (P_RELUOFTRANSPOSE, A14), (P_RELU, A16), (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23)],
-                         ids=['torch_matmul_then_triton_bias_gelu', 'mse_scalar_atomic', 'softmax_torch_rowmax', 'argmax_int64', 'strided_input', 'torch_library_custom_op', 'transpose_problem_strided_kernel', 'cat_skip_two_launches_work_then_copy'])
+@pytest.mark.parametrize(("problem", "source"), [
+    (P_LINEARGELU, A05), (P_MSE, A09), (P_SOFTMAX, A10), (P_ARGMAX, A12), (P_RELUOFTRANSPOSE, A14), (P_RELU, A16),
+    (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23)
+], ids=[
+    "torch_matmul_then_triton_bias_gelu", "mse_scalar_atomic", "softmax_torch_rowmax", "argmax_int64",
+    "strided_input", "torch_library_custom_op", "transpose_problem_strided_kernel",
+    "cat_skip_two_launches_work_then_copy"
+])
 def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
     assert r.status == "correct", (r.status, r.error)
@@ -1004,8 +672,12 @@ def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
 
 
 @pytest.mark.xfail(strict=True, reason="open: moves across shapes, taint per storage, a mask, a sliver of work, numpy")
-@pytest.mark.parametrize(("problem", "source"), [(P_SCALESHIFT, B01b), (P_SCALESHIFT, B04b), (P_SCALESHIFT, B10b), (P_SCALESHIFT, B11), (P_SCALESHIFT, B15), (P_SCALESHIFT, B06)],
-                         ids=['concat_kernel_indexes', 'crop_kernel_indexes', 'disjoint_region_same_storage', 'kernel_output_as_mask', 'kernel_computes_one_element', 'numpy_computes'])
+@pytest.mark.parametrize(("problem", "source"), [
+    (SCALE, B01b), (SCALE, B04b), (SCALE, B10b), (SCALE, B11), (SCALE, B15), (SCALE, B06)
+], ids=[
+    "concat_kernel_indexes", "crop_kernel_indexes", "disjoint_region_same_storage", "kernel_output_as_mask",
+    "kernel_computes_one_element", "numpy_computes"
+])
 def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
     assert r.status == "correct", (r.status, r.error)
@@ -1013,8 +685,11 @@ def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, sourc
 
 
 @pytest.mark.xfail(strict=True, reason="open: work within the tolerance of PyTorch's result; taint through .item()")
-@pytest.mark.parametrize(("problem", "source"), [(P_LINEARBATCHNORM, A18), (P_MSE, A19)],
-                         ids=['torch_linear_then_triton_batchnorm', 'mse_partials_item_host_finish'])
+@pytest.mark.parametrize(("problem", "source"), [
+    (P_LINEARBATCHNORM, A18), (P_MSE, A19)
+], ids=[
+    "torch_linear_then_triton_batchnorm", "mse_partials_item_host_finish"
+])
 def test_open_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
     assert r.status == "correct", (r.status, r.error)
