@@ -274,11 +274,12 @@ class DataflowTrace(TorchDispatchMode):
         self.stats["launches"] += 1
         constant = self.previous is not None and bool(prints) and self.previous.get(slot) == prints
         for t in wrote:
-            source = None if constant else self._copy_of(t, unchanged)
             if constant:
                 self.stats["constant_writes"] += 1
                 self._untaint(t)
-            elif source is not None or self._matches_sampled(t, exact=True):
+                continue
+            source = self._copy_of(t, unchanged)
+            if source is not None or self._matches_sampled(t, exact=True):
                 self.stats["copies"] += 1
                 self._untaint(t)
                 if source is not None and _storage_key(source) in self.inputs:

@@ -69,12 +69,11 @@ class LaunchCounter:
         finally:
             self._internal -= 1
 
-    def traced(self, kernel: str, args: Any, kwargs: dict[str, Any], run: Any) -> Any:
-        """``run()``, one launch of the candidate's, through the dataflow trace where one is on."""
+    def tracing(self) -> Any:
+        """The dataflow trace a launch of the candidate's goes through now, or None (every timed call: nothing more
+        is done per launch than this check)."""
         trace = self.dataflow
-        if trace is None or trace.quiet:
-            return run()
-        return trace.launch(kernel, args, kwargs, run)
+        return None if trace is None or trace.quiet else trace
 
     def reset(self) -> None:
         self._counted = 0
@@ -114,8 +113,10 @@ class LaunchCounter:
                         # knocked-out call (round 13: a skip returned None, a real launch its compiled kernel, on a
                         # GPU; and PyTorch's work put in a pre-run hook was skipped with it)
                         kwargs["grid"] = (0,)
-                    name = f"triton:{getattr(kernel, '__name__', type(kernel).__name__)}"
-                    return self.traced(name, args, kwargs, lambda: _original(kernel, *args, **kwargs))
+                    trace = self.tracing()
+                    if trace is not None:
+                        name = f"triton:{getattr(kernel, '__name__', type(kernel).__name__)}"
+                        return trace.launch(name, args, kwargs, lambda: _original(kernel, *args, **kwargs))
                 return _original(kernel, *args, **kwargs)
 
             run._kb_counted = True  # type: ignore[attr-defined]
@@ -173,13 +174,10 @@ class CountingModule:
 
             @functools.wraps(value)
             def call(*args: Any, **kwargs: Any) -> Any:
-                def run() -> Any:
-                    return counter.traced(f"ext:{name}", args, kwargs, lambda: value(*args, **kwargs))
-
                 if counter.shim is not None:  # the shim counts its device launches and knocks them out
                     before = counter.shim.own_launches()
                     try:
-                        return run()
+                        return _run(counter, name, value, args, kwargs)
                     finally:
                         if counter.shim.own_launches() > before:
                             counter.backends.add("cuda")
@@ -188,13 +186,21 @@ class CountingModule:
                 if counter.knockout:
                     copied = dict(zip(kwargs, _copies(kwargs.values()), strict=True))
                     return _spoiled(value(*_copies(args), **copied))
-                return run()
+                return _run(counter, name, value, args, kwargs)
 
             return call
         return value
 
     def __dir__(self) -> list[str]:
         return dir(self._module)
+
+
+def _run(counter: LaunchCounter, name: str, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An extension function called, through the dataflow trace where one is on."""
+    trace = counter.tracing()
+    if trace is None:
+        return function(*args, **kwargs)
+    return trace.launch(f"ext:{name}", args, kwargs, lambda: function(*args, **kwargs))
 
 
 def _copies(values: Any) -> list[Any]:
