@@ -50,6 +50,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
+    shim) python3 -P scripts/gpu_shim_diag.py ;;
     times) python3 -P scripts/problem_times.py --dataset "${TIMES_DATASET:-builtin}" --size gpu --measure \
              ${TIMES_ONLY:+--only "$TIMES_ONLY"} --out "$OUT/times${TIMES_TAG:-}.json" ;;
     diag) python3 -P scripts/gpu_timing_diag.py ;;
@@ -135,6 +136,7 @@ echo "== summary =="
 grep -E "passed|failed" "$OUT/tests.log" "$OUT/adversarial.log" 2>/dev/null | tail -2
 grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
 cat "$OUT/probe.log" 2>/dev/null
+grep -E "^[12]\. |^shim library" "$OUT/shim.log" 2>/dev/null
 tail -n 12 "$OUT/bench.log" 2>/dev/null
 tail -n 30 "$OUT/smoke.log" 2>/dev/null
 tail -n 6 "$OUT/diag.log" 2>/dev/null

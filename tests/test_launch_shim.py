@@ -22,12 +22,23 @@ from kb_gym.worker import launch_shim
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="needs a C compiler")
 
 FAKE_CUDART = r"""
+#include <stdlib.h>
 typedef struct { unsigned int x, y, z; } dim3;
 typedef int cudaError_t;
 cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, unsigned long shared, void *stream) {
     (void)g; (void)b; (void)shared; (void)stream;
     ((void (*)(void **))func)(args);
     return 0;
+}
+/* CUDA 13's stubs: a handle made once per kernel, then launches by handle (here a heap cell holding the stub) */
+cudaError_t __cudaGetKernel(void **handle, const void *func) {
+    void **cell = malloc(sizeof *cell);
+    *cell = (void *)func;
+    *handle = cell;
+    return 0;
+}
+cudaError_t __cudaLaunchKernel(const void *handle, dim3 g, dim3 b, void **args, unsigned long shared, void *stream) {
+    return cudaLaunchKernel(*(void *const *)handle, g, b, args, shared, stream);
 }
 """
 
@@ -51,6 +62,19 @@ void own_kernel(void **args) { float *out = *(float **)args[0]; out[0] = 1.0f; }
 int run_own(float *out) { void *args[] = {&out}; dim3 one = {1, 1, 1}; return cudaLaunchKernel((void *)own_kernel, one, one, args, 0, 0); }
 int run_torch_stub(float *out) { void *args[] = {&out}; dim3 one = {1, 1, 1}; return cudaLaunchKernel(torch_kernel_stub(), one, one, args, 0, 0); }
 int run_torch(float *out) { return torch_launch(out); }
+/* as nvcc 13's stubs launch: by a handle made for the stub */
+int __cudaGetKernel(void **, const void *);
+int __cudaLaunchKernel(const void *, dim3, dim3, void **, unsigned long, void *);
+int run_own_handle(float *out) {
+    static void *handle = 0;
+    if (!handle) __cudaGetKernel(&handle, (void *)own_kernel);
+    void *args[] = {&out}; dim3 one = {1, 1, 1}; return __cudaLaunchKernel(handle, one, one, args, 0, 0);
+}
+int run_torch_handle(float *out) {
+    static void *handle = 0;
+    if (!handle) __cudaGetKernel(&handle, torch_kernel_stub());
+    void *args[] = {&out}; dim3 one = {1, 1, 1}; return __cudaLaunchKernel(handle, one, one, args, 0, 0);
+}
 /* what a candidate that reads our source tries: the control entry point, declared and called with a guess */
 long kb_launch_shim_control(unsigned long long key, int op, const char *arg);
 long tamper(void) { return kb_launch_shim_control(0, 2, 0); }
@@ -73,7 +97,7 @@ def call(name):
 
 for knockout in (False, True):
     shim.set_knockout(knockout)
-    for name in ("run_own", "run_torch_stub", "run_torch"):
+    for name in ("run_own", "run_torch_stub", "run_torch", "run_own_handle", "run_torch_handle"):
         seen[f"{name} knockout={knockout}"] = call(name)
 print(json.dumps(seen))
 """
@@ -110,10 +134,15 @@ def test_the_shim_counts_and_knocks_out_only_the_candidates_own_launches(tmp_pat
     assert seen["run_own knockout=False"] == [0, [1.0, 0.0], 1]
     assert seen["run_torch_stub knockout=False"] == [0, [0.0, 2.0], 1], "torch's kernel launched by the candidate"
     assert seen["run_torch knockout=False"] == [0, [0.0, 2.0], 1]
+    # by handle (CUDA 13's stubs): the handle is the candidate's where its stub is
+    assert seen["run_own_handle knockout=False"] == [0, [1.0, 0.0], 2]
+    assert seen["run_torch_handle knockout=False"] == [0, [0.0, 2.0], 2]
     # with it the candidate's own launch is skipped (and still counted); torch's run as always
-    assert seen["run_own knockout=True"] == [0, [0.0, 0.0], 2]
-    assert seen["run_torch_stub knockout=True"] == [0, [0.0, 2.0], 2]
-    assert seen["run_torch knockout=True"] == [0, [0.0, 2.0], 2]
+    assert seen["run_own knockout=True"] == [0, [0.0, 0.0], 3]
+    assert seen["run_torch_stub knockout=True"] == [0, [0.0, 2.0], 3]
+    assert seen["run_torch knockout=True"] == [0, [0.0, 2.0], 3]
+    assert seen["run_own_handle knockout=True"] == [0, [0.0, 0.0], 4]
+    assert seen["run_torch_handle knockout=True"] == [0, [0.0, 2.0], 4]
 
 
 def test_without_the_switch_or_off_a_gpu_nothing_is_preloaded(monkeypatch, tmp_path):

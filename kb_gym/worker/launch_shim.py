@@ -10,9 +10,10 @@ With the knockout set those are not launched at all (``cudaSuccess`` returned), 
 them run as always: an answer that is still right did not need the candidate's kernels.
 
 What it sees: launches through the runtime API (``<<<...>>>``, ``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
-cooperative launches), attributed by the kernel's host stub address (``dladdr``), not by the caller, so a torch
-kernel launched from the candidate's code is not its own. What it does not see earns nothing: driver-API
-launches, a statically linked runtime, CUDA graph replays. Like the Python hooks it lives in the candidate's
+cooperative launches, and CUDA 13's ``__cudaLaunchKernel`` that nvcc's stubs call with a kernel handle),
+attributed by the kernel's host stub address (``dladdr``; a handle by the stub it was made for), not by the
+caller, so a torch kernel launched from the candidate's code is not its own. What it does not see earns nothing:
+driver-API launches, a statically linked runtime, CUDA graph replays. Like the Python hooks it lives in the candidate's
 process, so it is defence in depth, not the boundary (docs/integrity.md).
 
 Off unless ``KB_GYM_LAUNCH_SHIM=1`` until it has been measured on a GPU (the textual check of
@@ -45,6 +46,7 @@ typedef void *cudaStream_t;
 
 static volatile int knockout = 0;
 static volatile long own_launches = 0;
+static volatile long all_launches = 0; /* every launch seen, own or not: tells "not intercepted" from "not own" */
 static char root[4096];
 static size_t root_len = 0;
 
@@ -63,6 +65,40 @@ static int is_own(const void *func) {
               && (info.dli_fname[root_len] == '/' || info.dli_fname[root_len] == 0);
     __atomic_store_n(&seen[slot], key | ((uint64_t)own << 63), __ATOMIC_RELEASE);
     return own;
+}
+
+/* CUDA 13's nvcc stubs launch by handle: ``__cudaGetKernel(&handle, stub)`` once, then
+   ``__cudaLaunchKernel(handle, ...)``; the public launch functions take a handle too. A handle says nothing to
+   dladdr, so each one the runtime hands out is recorded with its stub's verdict when it is made. Insert-only open
+   addressing (a handle is never evicted); a handle not recorded (the table full, or one made by an entry point
+   not seen) falls back to dladdr, which finds no library for it: not own, so it earns nothing. */
+#define HANDLES 16384
+static uint64_t handles[HANDLES];
+
+static size_t first_slot(uint64_t key) { return (size_t)((key >> 4) ^ (key >> 20)) % HANDLES; }
+
+static void remember(const void *handle, const void *func) {
+    uint64_t key = (uint64_t)(uintptr_t)handle & ~(1ULL << 63);
+    if (!key) return;
+    uint64_t entry = key | ((uint64_t)is_own(func) << 63);
+    for (size_t i = 0, slot = first_slot(key); i < HANDLES; i++, slot = (slot + 1) % HANDLES) {
+        uint64_t cur = __atomic_load_n(&handles[slot], __ATOMIC_ACQUIRE);
+        if (cur == 0 && __atomic_compare_exchange_n(&handles[slot], &cur, entry, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return;
+        if ((cur & ~(1ULL << 63)) == key) return;
+    }
+}
+
+static int handle_own(const void *func, int *found) {
+    uint64_t key = (uint64_t)(uintptr_t)func & ~(1ULL << 63);
+    *found = 0;
+    if (!key) return 0;
+    for (size_t i = 0, slot = first_slot(key); i < HANDLES; i++, slot = (slot + 1) % HANDLES) {
+        uint64_t cur = __atomic_load_n(&handles[slot], __ATOMIC_ACQUIRE);
+        if (cur == 0) return 0;
+        if ((cur & ~(1ULL << 63)) == key) { *found = 1; return (int)(cur >> 63); }
+    }
+    return 0;
 }
 
 /* The runtime may sit in a library loaded RTLD_LOCAL (torch's), which RTLD_NEXT does not search. */
@@ -86,24 +122,35 @@ static void *real(const char *name) {
 }
 
 static int skipped(const void *func) {
-    if (!is_own(func)) return 0;
+    __atomic_add_fetch(&all_launches, 1, __ATOMIC_RELAXED);
+    int found, own = handle_own(func, &found);
+    if (!(found ? own : is_own(func))) return 0;
     __atomic_add_fetch(&own_launches, 1, __ATOMIC_RELAXED);
     return knockout;
 }
 
 #define NOT_FOUND 500 /* cudaErrorSymbolNotFound */
 
+/* A runtime whose launch entry points call one another through their exported names would come back here: only
+   the outermost call of a thread counts and may be skipped. */
+static __thread int depth = 0;
+
 #define LAUNCH(name)                                                                                     \
     typedef cudaError_t (*name##_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);          \
     static name##_t real_##name;                                                                       \
     cudaError_t name(const void *func, dim3 grid, dim3 block, void **args, size_t shared, cudaStream_t s) { \
-        if (skipped(func)) return 0;                                                                    \
+        if (!depth && skipped(func)) return 0;                                                          \
         if (!real_##name) real_##name = (name##_t)real(#name);                                          \
-        return real_##name ? real_##name(func, grid, block, args, shared, s) : NOT_FOUND;              \
+        depth++;                                                                                        \
+        cudaError_t done = real_##name ? real_##name(func, grid, block, args, shared, s) : NOT_FOUND;  \
+        depth--;                                                                                        \
+        return done;                                                                                    \
     }
 
 LAUNCH(cudaLaunchKernel)
 LAUNCH(cudaLaunchKernel_ptsz)
+LAUNCH(__cudaLaunchKernel)
+LAUNCH(__cudaLaunchKernel_ptsz)
 LAUNCH(cudaLaunchCooperativeKernel)
 LAUNCH(cudaLaunchCooperativeKernel_ptsz)
 
@@ -111,13 +158,30 @@ LAUNCH(cudaLaunchCooperativeKernel_ptsz)
     typedef cudaError_t (*name##_t)(const void *, const void *, void **);                              \
     static name##_t real_##name;                                                                       \
     cudaError_t name(const void *config, const void *func, void **args) {                              \
-        if (skipped(func)) return 0;                                                                    \
+        if (!depth && skipped(func)) return 0;                                                          \
         if (!real_##name) real_##name = (name##_t)real(#name);                                          \
-        return real_##name ? real_##name(config, func, args) : NOT_FOUND;                              \
+        depth++;                                                                                        \
+        cudaError_t done = real_##name ? real_##name(config, func, args) : NOT_FOUND;                  \
+        depth--;                                                                                        \
+        return done;                                                                                    \
     }
 
 LAUNCH_EX(cudaLaunchKernelExC)
 LAUNCH_EX(cudaLaunchKernelExC_ptsz)
+
+#define GET_KERNEL(name)                                                                                 \
+    typedef cudaError_t (*name##_t)(void **, const void *);                                            \
+    static name##_t real_##name;                                                                       \
+    cudaError_t name(void **handle, const void *func) {                                                \
+        if (!real_##name) real_##name = (name##_t)real(#name);                                          \
+        if (!real_##name) return NOT_FOUND;                                                             \
+        cudaError_t done = real_##name(handle, func);                                                   \
+        if (done == 0 && handle) remember(*handle, func);                                               \
+        return done;                                                                                    \
+    }
+
+GET_KERNEL(__cudaGetKernel)
+GET_KERNEL(cudaGetKernel)
 
 /* One entry point, keyed: the first call (the runner's, before any candidate code) sets the key; a call with
    another key changes nothing, so an extension that declares this function cannot turn the shim off or widen
@@ -127,6 +191,7 @@ static int keyed = 0;
 
 long kb_launch_shim_control(unsigned long long k, int op, const char *arg) {
     if (op == 0) return __atomic_load_n(&own_launches, __ATOMIC_RELAXED);
+    if (op == 3) return __atomic_load_n(&all_launches, __ATOMIC_RELAXED);
     if (!keyed) { key = k; keyed = 1; }
     else if (k != key) return -1;
     if (op == 1) {
@@ -134,6 +199,7 @@ long kb_launch_shim_control(unsigned long long k, int op, const char *arg) {
         root_len = strlen(root);
         while (root_len > 1 && root[root_len - 1] == '/') root[--root_len] = 0;
         memset(seen, 0, sizeof seen);
+        memset(handles, 0, sizeof handles);
         return 0;
     }
     if (op == 2) { knockout = arg != NULL; return 0; }
@@ -216,3 +282,7 @@ class Shim:
 
     def own_launches(self) -> int:
         return int(self._control(0, 0, None))
+
+    def all_launches(self) -> int:
+        """Every launch the shim has seen in this process, the candidate's or not (a diagnostic)."""
+        return int(self._control(0, 3, None))
