@@ -194,6 +194,8 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
     row["unverifiable"] = any("unverifiable_output" in r.flags for r in results.values())
     # The fp32 reference is itself off from float64 beyond the tolerance: candidates were judged against float64.
     row["ill_conditioned"] = any("ill_conditioned" in r.flags for r in results.values())
+    # Where an audit's time goes (queue, load, correctness...), per candidate: a GPU-size audit is hours of device time.
+    row["stage_seconds"] = {k: {stage: round(s, 3) for stage, s in r.stage_seconds.items()} for k, r in results.items()}
     return row
 
 

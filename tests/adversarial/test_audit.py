@@ -40,6 +40,9 @@ def test_audit_flags_degenerate_problem_and_no_trivial_candidate_passes(tmp_path
         assert row["fp64_reference"] == "correct" and row["rel_l2"]["fp64_reference"] < 1e-5, row
     assert by_name["level1/99_TinySoftmax"]["degenerate"] and not by_name["level1/99_TinySoftmax"]["unverifiable"]
     assert not by_name["level1/1_ReLU"]["degenerate"]
+    # Where the time went, per candidate: the queue and the evaluation's total at least.
+    assert set(by_name["level1/1_ReLU"]["stage_seconds"]) == {*TRIVIAL, "reference", "fp64_reference"}
+    assert all(s["total"] >= s.get("correctness", 0) > 0 for s in by_name["level1/1_ReLU"]["stage_seconds"].values())
     text = format_audit(rows)
     assert "99_TinySoftmax" in text and "flagged degenerate: 1" in text
 
