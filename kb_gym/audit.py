@@ -148,10 +148,12 @@ def run_audit(dataset: str | Sequence[Problem] = "official", level: int | None =
                 continue  # a line cut short by a stopped run: that problem runs again
         Path(out).write_text("".join(json.dumps(row) + "\n" for row in done.values()))  # drop the cut line
         # A row from an audit with other candidates (an older version, other --kinds), or one where a
-        # candidate ran out of device memory, is run again; its new row is appended after it, and the last
-        # row of a problem is the one read back.
+        # candidate got no verdict (out of device memory, or a crash: the evaluator's, such as a judge that failed
+        # to restart on the H200, never the problem's), is run again; its new row is appended after it, and the
+        # last row of a problem is the one read back.
         done = {key: row for key, row in done.items()
-                if all(k in row for k in (*kinds, *CONTROLS)) and not row.get("out_of_memory")}
+                if all(k in row for k in (*kinds, *CONTROLS))
+                and not row.get("out_of_memory") and "crash" not in (row.get(k) for k in (*kinds, *CONTROLS))}
     todo = [p for p in problems if p.key not in done]
     # Our own candidates, written with the object internals the static checks refuse in a policy's code:
     # the audit tests the runtime checks, so the static ones are off.
@@ -184,7 +186,7 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
             if not control:
                 row["passed_by"].append(kind)
         elif control or r.status != "incorrect":
-            row["errors"][kind] = (r.error or "")[:300 if control else 200]
+            row["errors"][kind] = _clip(r.error or "", 600 if control else 200)
         row["degenerate"] |= "degenerate_problem" in r.flags
     row["passed_by"].sort(key=list(kinds).index)
     # No verdict: the GPU was short of memory (beside another audit worker, say); a resumed audit runs these again.
@@ -197,6 +199,11 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
     # Where an audit's time goes (queue, load, correctness...), per candidate: a GPU-size audit is hours of device time.
     row["stage_seconds"] = {k: {stage: round(s, 3) for stage, s in r.stage_seconds.items()} for k, r in results.items()}
     return row
+
+
+def _clip(text: str, limit: int) -> str:
+    """The head and the tail of an error: a traceback's cause is at its end."""
+    return text if len(text) <= limit else text[:limit // 2] + " ... " + text[-(limit // 2):]
 
 
 def passable_problems(rows: str | os.PathLike | Sequence[dict[str, Any]]) -> list[str]:

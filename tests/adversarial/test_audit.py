@@ -66,6 +66,10 @@ def test_audit_resumes_from_its_jsonl_and_reruns_a_cut_line(tmp_path):
     out.write_text(json.dumps(short) + "\n")
     rows = run_audit(problems[:1], device="cpu", trials=1, kinds=("zeros",), progress=False, out=out)
     assert rows[0]["passed_by"] == [] and rows[0]["out_of_memory"] == []
+    # A control that crashed (a judge that failed to restart: the evaluator's failure, not the problem's) too.
+    out.write_text(json.dumps({**rows[0], "passed_by": ["sentinel"], "fp64_reference": "crash"}) + "\n")
+    rows = run_audit(problems[:1], device="cpu", trials=1, kinds=("zeros",), progress=False, out=out)
+    assert rows[0]["passed_by"] == [] and rows[0]["fp64_reference"] == "correct"
 
 
 ALWAYS_ZERO = '''
