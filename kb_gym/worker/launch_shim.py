@@ -16,8 +16,9 @@ caller, so a torch kernel launched from the candidate's code is not its own. Wha
 driver-API launches, a statically linked runtime, CUDA graph replays. Like the Python hooks it lives in the candidate's
 process, so it is defence in depth, not the boundary (docs/integrity.md).
 
-Off unless ``KB_GYM_LAUNCH_SHIM=1`` until it has been measured on a GPU (the textual check of
-``cuda_source.py`` and the per-function knockout stand in meanwhile).
+Off unless ``KB_GYM_LAUNCH_SHIM=1``: on the H200 it now counts CUDA 13's launches and gives a token launch no credit
+(docs/benchmarks.md 0r), but our CUDA solutions have not yet run with it on (the textual check of ``cuda_source.py``
+and the per-function knockout stand in meanwhile).
 """
 
 from __future__ import annotations
