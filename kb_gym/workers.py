@@ -289,8 +289,10 @@ class WorkerHandle:
                     loading[0] = False
                     self.device_lock.end_load()
                 if self.device_lock is not None and not held_since:
+                    waited = time.monotonic()
                     self.device_lock.acquire()  # the wait is not the worker's time: the clock restarts
                     held_since.append(time.monotonic())
+                    held_since.append(held_since[0] - waited)
                 try:
                     write_message(self.proc.stdin.fileno(), {"type": "granted"})
                 except OSError as exc:
@@ -299,6 +301,10 @@ class WorkerHandle:
                 continue
             if msg.get("type") == "result" and msg.get("job_id") == job["job_id"]:
                 msg["log_tail"] = self.drain.text_since(mark)
+                if held_since and isinstance(msg.get("stage_seconds"), dict):
+                    # Where a shared device's time goes: the wait for it, and how long the job held it.
+                    msg["stage_seconds"]["device_wait"] = held_since[1]
+                    msg["stage_seconds"]["device_held"] = time.monotonic() - held_since[0]
                 if msg.get("restart"):
                     self.kill()
                 return msg

@@ -181,6 +181,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the judge's own failure: report it, start a fresh judge
         result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
     finally:
+        teardown = time.perf_counter()
         runner = state.pop("runner", None)
         if runner is not None:
             calibration = state.get("calibration")
@@ -205,6 +206,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
+        # The runner's tree killed and waited for, and the judge's clean-up: held with the device (workers.py).
+        result["stage_seconds"]["teardown"] = time.perf_counter() - teardown
     return result
 
 
