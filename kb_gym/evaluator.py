@@ -208,7 +208,7 @@ class Evaluator(EvaluationAPI):
     @property
     def worker_stats(self) -> list[dict[str, Any]]:
         return [{"device": h.device, "alive": h.alive, "jobs": h.jobs, "restarts": h.restarts,
-                 "pid": h.proc.pid if h.proc else None} for h in self._workers]
+                 "start_failures": h.start_failures, "pid": h.proc.pid if h.proc else None} for h in self._workers]
 
     # --- evaluation -----------------------------------------------------------------------------
     def evaluate_reference(self, problem: Problem, *, config: EvalConfig | None = None) -> EvalResult:
@@ -418,7 +418,7 @@ class Evaluator(EvaluationAPI):
 
 def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[str, Any]:
     """Where the candidate ran: its runner's sandbox when it had one (a baseline-only job has none)."""
-    fields = {"pid": handle.info.get("pid"), "restarts": handle.restarts,
+    fields = {"pid": handle.info.get("pid"), "restarts": handle.restarts, "start_failures": handle.start_failures,
               "pid_namespace": handle.info.get("pid_namespace", False),
               "network_namespace": handle.info.get("network_namespace", False), "landlock": 0}
     box = (runner or {}).get("sandbox") or {}

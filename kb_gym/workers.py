@@ -22,6 +22,7 @@ from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, Protocol
 
 LOG_TAIL_BYTES = 16 * 1024
 STARTUP_TIMEOUT = 300.0
+START_RETRY_PAUSE_S = 1.0
 POLL_SECONDS = 0.25
 DISK_POLL_SECONDS = 1.0  # a walk of the scratch folder: cheap, but not every memory poll
 # A baseline-only job waits at most this long for the device's running loads to end (device_lock.py, quiet):
@@ -112,6 +113,7 @@ class WorkerHandle:
         self.drain: LogDrain | None = None
         self.info: dict[str, Any] = {}
         self.restarts = 0
+        self.start_failures = 0  # starts that failed and were tried again
         self.jobs = 0
 
     @property
@@ -197,13 +199,22 @@ class WorkerHandle:
         return tree_memory_bytes(self.proc.pid) / 2**20
 
     def ensure_started(self) -> None:
-        """A live worker: started on first use, started again (a restart) after one died."""
+        """A live worker: started on first use, started again (a restart) after one died.
+
+        A start that fails is tried once more before it becomes the job's verdict: no candidate has run yet, so
+        the failure is the evaluator's, and a policy must not be charged a ``crash`` for it (found on the H200:
+        one of eight judges failed to restart during a GPU-size audit)."""
         if not self.alive:
             if self.proc is not None:
                 self.kill()
             if self.jobs:
                 self.restarts += 1
-            self.start()
+            try:
+                self.start()
+            except WorkerDied:
+                self.start_failures += 1
+                time.sleep(START_RETRY_PAUSE_S)
+                self.start()
 
     def run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
             disk_limit_mb: float = 0.0) -> dict[str, Any]:

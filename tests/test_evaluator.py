@@ -422,3 +422,29 @@ def test_a_cancelled_submission_is_skipped_and_the_worker_serves_on(ev, relu):
     after = ev.submit(relu, reference_as_candidate(relu))
     assert busy.result(timeout=300).status == "correct" and after.result(timeout=300).status == "correct"
     assert dropped.cancelled()
+
+
+def test_a_worker_that_fails_to_start_once_is_started_again_before_the_job(relu, monkeypatch):
+    """A judge that fails to start has run no candidate: the failure is the evaluator's, so it is tried again rather
+    than charged to the candidate as a ``crash`` (found on the H200: one judge of eight failed to restart). Two
+    failures in a row are the verdict, with the worker's own words."""
+    from kb_gym import workers
+
+    real_start, failures = workers.WorkerHandle._start, [1]
+
+    def flaky_start(self, unconfined):
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise workers.WorkerDied("worker for cpu failed to start: a stand-in failure")
+        return real_start(self, unconfined)
+
+    monkeypatch.setattr(workers.WorkerHandle, "_start", flaky_start)
+    monkeypatch.setattr(workers, "START_RETRY_PAUSE_S", 0.0)
+    with Evaluator("cpu", config=NO_TIMING, results_path=False) as ev:
+        r = ev.evaluate(relu, WRONG_RELU)
+        assert r.status == "incorrect", (r.status, r.error)
+        assert r.worker["start_failures"] == 1 and ev.worker_stats[0]["start_failures"] == 1
+        ev._workers[0].kill()
+        failures[0] = 2
+        r = ev.evaluate(relu, WRONG_RELU)
+    assert r.status == "crash" and "a stand-in failure" in r.error, (r.status, r.error)
