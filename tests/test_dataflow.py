@@ -195,16 +195,19 @@ def test_an_in_place_pytorch_op_on_a_kernels_tensor_keeps_it_the_kernels():
     assert not pytorchs(traced(forward))
 
 
-def test_a_kernel_adding_a_negligible_term_to_pytorchs_answer_is_pytorchs():
-    # the term follows the inputs (no constant) and is no copy, but the answer existed before the kernel touched it
+@pytest.mark.parametrize(("scale", "how"), [(1e-30, "undone"), (1e-7, "computed")])
+def test_a_kernel_adding_a_negligible_term_to_pytorchs_answer_is_pytorchs(scale, how):
+    # the term follows the inputs (no constant) and is no copy, but the answer existed before the kernel touched it:
+    # 1e-30 rounds away (the sum is exactly PyTorch's answer), 1e-7 changes low bits within the tolerance
     def forward(x, launch):
         y = x * 2 + 1
         tiny = torch.empty_like(x)
-        launch("tiny", x, tiny, body=lambda a, o: o.copy_(a * 1e-30))
+        launch("tiny", x, tiny, body=lambda a, o: o.copy_(a * scale))
         return y + tiny
 
     report = traced(forward)
-    assert pytorchs(report) and report["computed"] == [0], report
+    assert pytorchs(report) and report["computed" if how == "computed" else "untainted"] == [0], report
+    assert bool(report.get("undone")) == (how == "undone"), report
 
 
 # --- the judge's verdict on our own kernels -------------------------------------------------------------------------
@@ -329,3 +332,71 @@ def test_pytorch_computing_in_place_on_a_kernels_copy_of_the_input_is_pytorchs()
 
     report = traced(forward)
     assert report["untainted"] == [0], report
+
+
+# --- work a kernel does and PyTorch undoes (round 14) ---------------------------------------------------------------
+
+def _doubled(a, o, off=0.0):
+    o.copy_(a * 2)
+    o.view(-1)[0] += off  # ``off`` leaves the kernel's mark on one element: PyTorch's halving undoes the rest only
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (128, 64)], ids=["all_sampled", "sampled_then_whole"])
+@pytest.mark.parametrize("undo", ["halved", "halved_in_place", "flipped_back", "mask_only"])
+def test_a_result_exactly_an_untainted_tensor_is_pytorchs(undo, shape):
+    def forward(x, launch):
+        h = torch.empty_like(x)
+        if undo == "flipped_back":
+            launch("reverse", x, h, body=lambda a, o: o.copy_(a.flip(0, 1)))
+            y = h.flip(0).flip(1)  # the first flip holds no value PyTorch has, the second is the input
+        elif undo == "mask_only":
+            launch("sin", x, h, body=lambda a, o: o.copy_(a.sin()))
+            y = torch.where(h == h, x, h)  # the kernel's work only says "not NaN"
+        else:
+            launch("double", x, h, body=_doubled)
+            y = h.mul_(0.5) if undo == "halved_in_place" else h * 0.5
+        return y * 2.0 + 1.0
+
+    report = traced(forward, shape=shape)
+    assert pytorchs(report) and report["undone"] == 1, report
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (128, 64)], ids=["all_sampled", "sampled_then_whole"])
+def test_a_result_one_element_off_an_untainted_tensor_stays_the_kernels(shape):
+    def forward(x, launch):
+        h = torch.empty_like(x)
+        launch("double", x, h, body=lambda a, o: _doubled(a, o, off=1.0))
+        return h * 0.5 * 2.0 + 1.0
+
+    report = traced(forward, shape=shape)
+    assert not pytorchs(report) and not report.get("undone"), report
+
+
+def test_a_view_of_a_kernels_storage_equal_to_an_untainted_tensor_stays_the_kernels():
+    # taint is per storage: the halved rows equal the input, but the spare row the kernel wrote shares their storage;
+    # and a view op's result (the transposed copy viewed back) computes nothing, so it undoes nothing
+    def in_place_on_part(x, launch):
+        buf = torch.empty(x.shape[0] + 1, x.shape[1])
+        launch("double_and_spare", x, buf, body=lambda a, o: o.copy_(torch.cat([a * 2, a[:1].sin()])))
+        return buf[:-1].mul_(0.5) * 2.0 + 1.0
+
+    def viewed_back(x, launch):
+        h = torch.empty(x.shape[1], x.shape[0])
+        launch("transpose", x, h, body=lambda a, o: o.copy_(a.t()))  # a copy of no live tensor: the kernel's
+        return h.t() * 2.0 + 1.0
+
+    for forward in (in_place_on_part, viewed_back):
+        report = traced(forward)
+        assert not pytorchs(report) and not report.get("undone"), (forward.__name__, report)
+
+
+def test_past_the_undo_budget_a_result_stays_the_kernels(monkeypatch):
+    monkeypatch.setattr("kb_gym.worker.dataflow.MAX_UNDO_VISITS", 0)
+
+    def forward(x, launch):
+        h = torch.empty_like(x)
+        launch("double", x, h, body=_doubled)
+        return h * 0.5 * 2.0 + 1.0
+
+    report = traced(forward)
+    assert not pytorchs(report) and report["undo_unchecked"] >= 1, report

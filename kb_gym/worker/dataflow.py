@@ -15,6 +15,10 @@ outputs are tainted where one of its inputs is. What a launch writes does *not* 
 - a constant of the inputs: the same launch (the kernel and its occurrence in the forward) wrote the same values
   on the other input set (the trace runs twice, on two seeds: ``previous`` holds the first run's writes).
 
+Nor does an op's result where it undoes a kernel's work: a result over a tainted input whose whole value is exactly
+that of a live tensor PyTorch holds untainted (round 14: a kernel writes ``2 x`` and PyTorch halves it, or writes the
+input reversed and PyTorch flips it back; round 15: ``torch.where`` with a kernel's output only as the mask).
+
 An output is PyTorch's where it is untainted at the end, or where its values match, at ``SAMPLES`` random positions
 and within the tolerance, an untainted tensor some PyTorch op computed (the answer existed before any kernel
 touched it: a kernel that adds negligible values to it, or moves it, changes nothing). Every output PyTorch's:
@@ -22,14 +26,15 @@ touched it: a kernel that adds negligible values to it, or moves it, changes not
 output, is the kernel's, unless PyTorch had computed it whole anyway.
 
 Like the knockout, this runs in the candidate's process and is its report: defence in depth. What it does not
-catch (docs/integrity.md, Open; rounds 14 and 15): a kernel's real work that PyTorch undoes (writes ``2 x``, PyTorch
-computes on half of it) or uses only trivially (as a NaN mask), moves across shapes (PyTorch computes the answer's
-halves or a padded answer, the kernel concatenates or crops), work PyTorch does in place in a storage a kernel wrote
-part of (taint is per storage), a kernel that computes a sliver of the answer, compute outside the dispatcher
-(numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the traced call
-(an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole work is
-within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and a
-kernel's result finished on the host through ``.item()`` (taint does not follow a Python number).
+catch (docs/integrity.md, Open; rounds 14 and 15): a kernel's real work that PyTorch undoes along a path through no
+value PyTorch holds exactly (``(2 x * 0.25) * 4``, an undo that rounds a few bits off, the elementwise work done
+before the flip back), moves across shapes (PyTorch computes the answer's halves or a padded answer, the kernel
+concatenates or crops), work PyTorch does in place in a storage a kernel wrote part of (taint is per storage), a
+kernel that computes a sliver of the answer, compute outside the dispatcher (numpy), writes through pointers to
+tensors the launch was not given, and a candidate that tells the traced call (an active dispatch mode) and behaves
+there. And two honest cases it calls tokens: a kernel whose whole work is within the tolerance of PyTorch's result
+(a BatchNorm with fresh running statistics as the only kernel), and a kernel's result finished on the host through
+``.item()`` (taint does not follow a Python number).
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ SAMPLES = 4096  # positions at which an output is compared with what PyTorch com
 # read (an honest one makes tens to hundreds): the judge then takes the answer for PyTorch's (round 15: a flood of
 # results ran a first-come budget out before the answer was made)
 MAX_SAMPLED = 50_000
+# live tensors a kernel's result is compared with, in one forward, to see whether an op undid the kernel's work; past
+# it the results stay the kernel's (an honest forward compares tens to thousands; the budget bounds a flood's cost)
+MAX_UNDO_VISITS = 50_000
 
 
 def launch_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -104,6 +112,7 @@ class DataflowTrace(TorchDispatchMode):
         self.previous = previous
         self.tainted: dict[int, StorageWeakRef] = {}
         self.live: list[weakref.ref] = []  # untainted tensors PyTorch made (and the inputs)
+        self.by_size: dict[tuple[int, torch.dtype, torch.device], list[weakref.ref]] = {}  # the same, by kind
         self.sampled: list[tuple[int, torch.dtype, torch.Tensor]] = []  # PyTorch's results, at their positions
         self.positions: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.salt = int.from_bytes(os.urandom(4), "little")  # positions no source can aim at ahead of the call
@@ -158,6 +167,7 @@ class DataflowTrace(TorchDispatchMode):
         tensors, not a view, an input or a factory's fill): one an output is compared with too, in its logical order
         and, where its layout differs, in its memory's (``x.t() * 2`` is laid out as the answer of ``(x * 2).t()``)."""
         self.live.append(weakref.ref(t))
+        self.by_size.setdefault((t.numel(), t.dtype, t.device), []).append(self.live[-1])
         if not computed or not t.numel() or (self.numels is not None and t.numel() not in self.numels):
             return
         if len(self.sampled) >= MAX_SAMPLED:
@@ -231,13 +241,18 @@ class DataflowTrace(TorchDispatchMode):
         written += [t for t in tree_leaves([kwargs.get(name) for name in write_only]) if isinstance(t, torch.Tensor)]
         # an op whose body a kernel's work went into (a torch.library custom op around a Triton kernel) is theirs
         # whatever its inputs were; one whose launches only copied or wrote constants is not (round 15)
+        views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
         if self.stats["kernel_writes"] != worked or any(self.is_tainted(t) for t in reads):
             self.stats["tainted_ops"] += 1
-            for t in outputs + written:
-                self._taint(t)
+            for t in {id(t): t for t in outputs + written}.values():
+                if not views and self._undone(t):
+                    self.moved.pop(_storage_key(t), None)
+                    self._untaint(t)
+                    self.remember(t)  # a source, not a result sampled: its value is one PyTorch holds already
+                else:
+                    self._taint(t)
             return out
         self.stats["pytorch_ops"] += 1
-        views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
         for t in written:
             self.moved.pop(_storage_key(t), None)  # PyTorch's values now, not the input's moved
         for t in outputs:
@@ -245,6 +260,43 @@ class DataflowTrace(TorchDispatchMode):
             # a view's values were sampled where its base was made; a factory's (empty, zeros, full) follow no input
             self.remember(t, computed=not views and bool(reads) and func.overloadpacket.__name__ not in FILLS)
         return out
+
+    def _undone(self, t: torch.Tensor) -> bool:
+        """Whether ``t``, an op's result over a kernel's, holds none of the kernel's work: its whole value is exactly
+        (at ``SAMPLES`` places first, then whole) that of a live tensor PyTorch holds untainted: same dtype, same
+        number of elements, in logical order.
+
+        Only a result that covers its whole storage, densely: taint is per storage, and a view over part of one (a
+        slice, ``out[0] = ...``) equal to PyTorch's value says nothing of what a kernel wrote in the rest. A view op's
+        result is never checked (it computes nothing: a kernel's transposed copy viewed back is the kernel's move,
+        judged where the launch wrote it). An in-place op's target is, where it covers its storage: nothing a kernel
+        wrote is left in it (``h.mul_(0.5)`` is ``h * 0.5``). Floating and integer dtypes only: a bool (a mask) is
+        too often equal to another by chance, and the op that applies it is checked instead."""
+        try:
+            if (t.layout != torch.strided or not t.numel() or t.dtype == torch.bool or t.is_complex()
+                    or t.is_quantized or t.storage_offset() or not _dense(t)
+                    or t.numel() * t.element_size() != _storage(t).nbytes()):
+                return False
+        except (RuntimeError, NotImplementedError, AttributeError):  # nested and other storage-less layouts
+            return False
+        refs = self.by_size.get((t.numel(), t.dtype, t.device))
+        if not refs:
+            return False
+        if self.stats["undo_visits"] + len(refs) > MAX_UNDO_VISITS:
+            self.stats["undo_unchecked"] += 1  # the result stays the kernel's: no false verdict, and no stall
+            return False
+        self.stats["undo_visits"] += len(refs)
+        refs[:] = [ref for ref in refs if ref() is not None]
+        key, mine = _storage_key(t), None
+        with self._bookkeeping():
+            for s in [ref() for ref in refs]:
+                if s is None or s.layout != torch.strided or _storage_key(s) == key or self.is_tainted(s):
+                    continue
+                mine = self._sample(t) if mine is None else mine
+                if _same(mine, self._sample(s)) and _same(t.reshape(-1), s.reshape(-1)):
+                    self.stats["undone"] += 1
+                    return True
+        return False
 
     # --- the candidate's launches -------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Session 22 built the trace against round 13's open hole (a kernel that only moves PyTorch's answer keeps speed
 credit) and then attacked it with the source open, as a policy would: more ways for a kernel to be "needed" while
 PyTorch computes the answer, and the honest kernels the trace must leave alone. Each test asserts the verdict a
-sound judge gives; the two still open are strict xfails with what they get today.
+sound judge gives.
 
 Caught (``token_kernel``, no speed credit):
 
@@ -20,9 +20,10 @@ Caught (``token_kernel``, no speed credit):
 Left alone (``correct``, speed credit): PyTorch's matmul with a Triton epilogue (bias and ReLU), and a Triton kernel
 that computes ``2 x`` with PyTorch adding the 1.
 
-Open (strict xfail): the kernel does real work that PyTorch undoes (it writes ``2 x``, or the input reversed, and
-PyTorch computes the reference from half of it, or from it flipped back). Nothing in the data flow tells undone work
-from done work; docs/integrity.md, Open.
+Caught since: the kernel does real work that PyTorch undoes (it writes ``2 x``, or the input reversed, and PyTorch
+computes the reference from half of it, or from it flipped back; strict xfails until an op's result exactly equal to
+a tensor PyTorch holds untainted was made PyTorch's). An undo along a path through no such value (``(2 x * 0.25) *
+4``, an undo that rounds a few bits off) is still the kernel's work: docs/integrity.md, Open.
 
 All evaluations run on one CPU Evaluator of the module.
 """
@@ -208,9 +209,9 @@ def test_partial_fusion_keeps_its_credit(ev, problem, source):
     assert r.correctness["dataflow"]["verdict"] == "kernels", r.correctness["dataflow"]
 
 
-@pytest.mark.xfail(strict=True, reason="open: a kernel's real work that PyTorch undoes is work in the data flow")
 @pytest.mark.parametrize("source", [DOUBLED_AND_HALVED, REVERSED_AND_BACK], ids=["doubled_halved", "reversed_back"])
 def test_work_a_kernel_does_and_pytorch_undoes_earns_no_credit(ev, source):
     r = ev.evaluate(SCALE, source, config=CHECK)
     assert r.status == "correct", (r.status, r.error)
-    assert "token_kernel" in r.flags, (r.flags, r.correctness.get("dataflow"))
+    assert "token_kernel" in r.flags and r.speed_credit is False, (r.flags, r.correctness.get("dataflow"))
+    assert r.correctness["dataflow"]["verdict"] == "pytorch", r.correctness["dataflow"]
