@@ -400,3 +400,21 @@ def test_past_the_undo_budget_a_result_stays_the_kernels(monkeypatch):
 
     report = traced(forward)
     assert not pytorchs(report) and report["undo_unchecked"] >= 1, report
+
+
+def test_the_knockouts_wrong_share_counts_elements_off_by_more_than_the_relative_tolerance():
+    """The knockout's sliver rule (correctness.SLIVER_SHARE) reads how much of the answer went wrong with the kernels
+    skipped: relative tolerance only (a skipped kernel's zero-filled buffer on a problem of tiny values is wrong
+    everywhere), NaN wrong where the reference has a number, integer outputs exactly; drawn chunks are not measured."""
+    from kb_gym.worker.correctness import SLIVER_SHARE, wrong_share
+
+    ref = torch.randn(64, 256) * 1e-6
+    one_off = ref.clone()
+    one_off[3, 7] += 1.0
+    assert wrong_share(one_off, ref, 1e-4) == 1 / ref.numel() < SLIVER_SHARE
+    assert wrong_share(torch.zeros_like(ref), ref, 1e-4) == 1.0  # within any usual atol, yet all wrong
+    with_nan = ref.clone()
+    with_nan[0, :128] = float("nan")
+    ints = torch.arange(100)
+    assert wrong_share((with_nan, ints), (ref, ints), 1e-4) == 128 / (ref.numel() + 100)
+    assert wrong_share(ref[:32], ref, 1e-4) is None and wrong_share((ref,), (ref, ref), 1e-4) is None

@@ -277,20 +277,59 @@ def trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
     return trivial
 
 
+# Under this share of an answer's elements wrong with the candidate's kernels knocked out, the kernels made a sliver
+# of it (round 15: one element of 16,384 computed by a kernel, PyTorch the rest). An honest kernel that writes a fresh
+# buffer leaves it wrong nearly everywhere when skipped, an in-place epilogue wherever it changes a value (a ReLU:
+# half). What this calls a sliver too: a kernel whose whole effect is on under 1% of the answer (an in-place clamp
+# that rarely clamps, a sparse answer written over a zero fill), whose work barely reaches the answer.
+SLIVER_SHARE = 0.01
+
+
 def kernels_needed(runner: RunnerProcess, seed: int, reference: Callable[[int], Any],
                    check: Callable[[Any, Any, int], str | None], *, timeout: float, byte_limit: int,
-                   chunk_bytes: int = 0, widen: bool = False) -> bool:
+                   chunk_bytes: int = 0, widen: bool = False, rtol: float = 0.0,
+                   report: dict[str, Any] | None = None) -> bool:
     """Whether the candidate's answer needs its own kernels: one forward on fresh inputs with them doing nothing
     (launches.py). A launch count cannot tell a kernel that computes the answer from one that touches one element
     of a PyTorch answer (round 12: the reference plus a one-element Triton kernel kept its speed credit); a right
-    answer without the kernels can. Anything else (a wrong answer, an exception, a crash, a hang) says they were
-    needed. Run last, on a runner nothing else will use: what a skipped kernel leaves behind harms no later call."""
+    answer without the kernels can, and so can one wrong in under ``SLIVER_SHARE`` of its elements (round 15: a
+    kernel that computes one element). Anything else (a wrong answer, an exception, a crash, a hang) says they were
+    needed. Run last, on a runner nothing else will use: what a skipped kernel leaves behind harms no later call.
+    ``report`` gets the share of elements the knocked-out answer got wrong, where it could be measured."""
     try:
         reply = runner.call(seed, timeout=timeout, byte_limit=byte_limit, timed=bool(chunk_bytes),
                             chunk_bytes=chunk_bytes, widen=widen, knockout=True)
-        return check(reply.outputs, reference(seed), seed) is not None
+        expected = reference(seed)
+        if check(reply.outputs, expected, seed) is None:
+            return False
+        share = wrong_share(reply.outputs, expected, rtol)
+        if report is not None and share is not None:
+            report["knockout_wrong_share"] = share
+        return share is None or share >= SLIVER_SHARE
     except Exception:  # noqa: BLE001 - StageError or what the judgement of spoiled outputs raises: kernels matter
         return True
+
+
+def wrong_share(outputs: Any, expected: Any, rtol: float) -> float | None:
+    """The share of the answer's elements off the reference's by more than ``rtol`` of it (NaN where the reference has
+    a number is wrong), or None where the outputs are not the reference's shapes (drawn chunks of a large output: the
+    share is not measured, and the kernels count as needed as before). No absolute tolerance: on a problem of tiny
+    values (a degenerate one) a skipped kernel's zero-filled buffer would be within it everywhere, and an honest
+    kernel would look like a sliver; rounding in PyTorch's part only makes a sliver look bigger."""
+    cand, ref = flatten_outputs(outputs), flatten_outputs(expected)
+    if len(cand) != len(ref) or any(c.shape != r.shape for c, r in zip(cand, ref, strict=True)):
+        return None
+    total = sum(r.numel() for r in ref)
+    if not total:
+        return None
+    wrong = 0
+    for c, r in zip(cand, ref, strict=True):
+        if not (c.is_floating_point() or r.is_floating_point()):
+            wrong += int((c.to(r.device) != r).sum())
+            continue
+        c, r = c.to(r.device, torch.float64), r.to(torch.float64)
+        wrong += int((~torch.isclose(c, r, rtol=rtol, atol=0.0, equal_nan=True)).sum())
+    return wrong / total
 
 
 def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Callable[[int], Any],

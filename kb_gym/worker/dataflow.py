@@ -25,16 +25,16 @@ touched it: a kernel that adds negligible values to it, or moves it, changes not
 ``token_kernel``. Partial fusion is left alone: an answer written by a kernel, or by a PyTorch op over a kernel's
 output, is the kernel's, unless PyTorch had computed it whole anyway.
 
-Like the knockout, this runs in the candidate's process and is its report: defence in depth. What it does not
-catch (docs/integrity.md, Open; rounds 14 and 15): a kernel's real work that PyTorch undoes along a path through no
-value PyTorch holds exactly (``(2 x * 0.25) * 4``, an undo that rounds a few bits off, the elementwise work done
-before the flip back), moves across shapes (PyTorch computes the answer's halves or a padded answer, the kernel
+Like the knockout, this runs in the candidate's process and is its report: defence in depth. What it does not catch
+(docs/integrity.md, Open; rounds 14 and 15): a kernel's real work that PyTorch undoes along a path through no value
+PyTorch holds exactly (``(2 x * 0.25) * 4``, an undo that rounds a few bits off, the elementwise work done before
+the flip back), moves across shapes (PyTorch computes the answer's halves or a padded answer, the kernel
 concatenates or crops), work PyTorch does in place in a storage a kernel wrote part of (taint is per storage), a
-kernel that computes a sliver of the answer, compute outside the dispatcher (numpy), writes through pointers to
-tensors the launch was not given, and a candidate that tells the traced call (an active dispatch mode) and behaves
-there. And two honest cases it calls tokens: a kernel whose whole work is within the tolerance of PyTorch's result
-(a BatchNorm with fresh running statistics as the only kernel), and a kernel's result finished on the host through
-``.item()`` (taint does not follow a Python number).
+kernel that computes a sliver of the answer (the knockout's sliver rule holds it under 1%), compute outside the
+dispatcher (numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the
+traced call (an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole
+work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and
+a kernel's result finished on the host through ``.item()`` (taint does not follow a Python number).
 """
 
 from __future__ import annotations

@@ -377,7 +377,7 @@ def _knockout(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: 
         lambda s: reference_outputs(ref_model, ref_mod, s, ctx.device, dtype, runner, widen),
         timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen),
         timeout=min(left, 10.0), byte_limit=state.get("byte_limit", 1 << 30), chunk_bytes=state.get("chunk_bytes", 0),
-        widen=widen)
+        widen=widen, rtol=rtol, report=result.setdefault("correctness", {}))
     if not needed and "token_kernel" not in result["flags"]:
         result["flags"].append("token_kernel")
 

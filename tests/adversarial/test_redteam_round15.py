@@ -17,12 +17,12 @@ credit. Fixed in the same session, each asserted below:
   is PyTorch with a constant-writing launch (an op is the kernel's only where a launch in it did work), and
   ``torch._C._DisableTorchDispatch`` around PyTorch's compute (the static checks reject the dispatcher's mode
   switches: ``tensor_subclass``); and later (round 14's undo rule: an op's result exactly equal to a tensor PyTorch
-  holds untainted is PyTorch's) a kernel's output used only as a NaN mask in ``torch.where``.
+  holds untainted is PyTorch's) a kernel's output used only as a NaN mask in ``torch.where``, and (the knockout's
+  sliver rule: knocked out, under 1% of the answer wrong) a kernel computing one element of 16,384.
 
 Open (strict xfail, docs/integrity.md Open): moves across shapes (PyTorch computes the answer's halves, or a
 padded answer, and the kernel concatenates or crops: no tensor of the output's size holds it), taint per storage
-(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), a kernel computing
-one element of 16,384, and numpy computing the answer outside the dispatcher. And two false positives: a BatchNorm
+(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), and numpy computing the answer outside the dispatcher. And two false positives: a BatchNorm
 with fresh running statistics as the only kernel after PyTorch's Linear (its work is within the tolerance: it
 cannot be told from a kernel adding a negligible term to PyTorch's answer), and a loss whose kernel's partial sums
 are finished on the host with ``.item()`` (taint does not follow a Python number).
@@ -638,11 +638,11 @@ class ModelNew(nn.Module):
 
 @pytest.mark.parametrize(("problem", "source"), [
     (SCALE, B02b), (SCALE, B02c), (SCALE, B03), (SCALE, B05), (P_MSE, B07), (P_MSE, B08), (SCALE, B09),
-    (SCALE, B16), (SCALE, B11)
+    (SCALE, B16), (SCALE, B11), (SCALE, B15)
 ], ids=[
     "transpose_kernel_indexes", "flat_copy_of_transposed_result", "cast_from_float64", "sample_budget_foreach",
     "item_scalar_into_kernel", "scalar_move_and_scribble", "out_eq_onto_tainted_buffer", "custom_op_body_pytorch",
-    "kernel_output_as_mask"
+    "kernel_output_as_mask", "kernel_computes_one_element"
 ])
 def test_pytorchs_answer_moved_by_a_kernel_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
@@ -672,12 +672,11 @@ def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
         r.flags, r.correctness.get("dataflow"))
 
 
-@pytest.mark.xfail(strict=True, reason="open: moves across shapes, taint per storage, a sliver of work, numpy")
+@pytest.mark.xfail(strict=True, reason="open: moves across shapes, taint per storage, numpy")
 @pytest.mark.parametrize(("problem", "source"), [
-    (SCALE, B01b), (SCALE, B04b), (SCALE, B10b), (SCALE, B15), (SCALE, B06)
+    (SCALE, B01b), (SCALE, B04b), (SCALE, B10b), (SCALE, B06)
 ], ids=[
-    "concat_kernel_indexes", "crop_kernel_indexes", "disjoint_region_same_storage", "kernel_computes_one_element",
-    "numpy_computes"
+    "concat_kernel_indexes", "crop_kernel_indexes", "disjoint_region_same_storage", "numpy_computes"
 ])
 def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
