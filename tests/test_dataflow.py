@@ -416,5 +416,7 @@ def test_the_knockouts_wrong_share_counts_elements_off_by_more_than_the_relative
     with_nan = ref.clone()
     with_nan[0, :128] = float("nan")
     ints = torch.arange(100)
-    assert wrong_share((with_nan, ints), (ref, ints), 1e-4) == 128 / (ref.numel() + 100)
+    assert wrong_share((with_nan, ints), (ref, ints), 1e-4) == 128 / ref.numel()
+    # The largest share of any output: a kernel that made a whole scalar loss beside PyTorch's big tensor made it all.
+    assert wrong_share((ref, torch.tensor(7.0)), (ref, torch.tensor(3.0)), 1e-4) == 1.0
     assert wrong_share(ref[:32], ref, 1e-4) is None and wrong_share((ref,), (ref, ref), 1e-4) is None

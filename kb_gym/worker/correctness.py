@@ -311,25 +311,27 @@ def kernels_needed(runner: RunnerProcess, seed: int, reference: Callable[[int], 
 
 
 def wrong_share(outputs: Any, expected: Any, rtol: float) -> float | None:
-    """The share of the answer's elements off the reference's by more than ``rtol`` of it (NaN where the reference has
-    a number is wrong), or None where the outputs are not the reference's shapes (drawn chunks of a large output: the
-    share is not measured, and the kernels count as needed as before). No absolute tolerance: on a problem of tiny
-    values (a degenerate one) a skipped kernel's zero-filled buffer would be within it everywhere, and an honest
-    kernel would look like a sliver; rounding in PyTorch's part only makes a sliver look bigger."""
+    """The share of an output's elements off the reference's by more than ``rtol`` of it (NaN where the reference
+    has a number is wrong), the largest over the outputs (a kernel that computes a whole small output, a loss beside
+    a big tensor, made all of that output: a reduction's work is not a sliver), or None where the outputs are not
+    the reference's shapes (drawn chunks of a large output: the share is not measured, and the kernels count as
+    needed as before). No absolute tolerance: on a problem of tiny values (a degenerate one) a skipped kernel's
+    zero-filled buffer would be within it everywhere, and an honest kernel would look like a sliver; rounding in
+    PyTorch's part only makes a sliver look bigger."""
     cand, ref = flatten_outputs(outputs), flatten_outputs(expected)
     if len(cand) != len(ref) or any(c.shape != r.shape for c, r in zip(cand, ref, strict=True)):
         return None
-    total = sum(r.numel() for r in ref)
-    if not total:
-        return None
-    wrong = 0
+    shares = []
     for c, r in zip(cand, ref, strict=True):
-        if not (c.is_floating_point() or r.is_floating_point()):
-            wrong += int((c.to(r.device) != r).sum())
+        if not r.numel():
             continue
-        c, r = c.to(r.device, torch.float64), r.to(torch.float64)
-        wrong += int((~torch.isclose(c, r, rtol=rtol, atol=0.0, equal_nan=True)).sum())
-    return wrong / total
+        if not (c.is_floating_point() or r.is_floating_point()):
+            wrong = (c.to(r.device) != r).sum()
+        else:
+            c, r = c.to(r.device, torch.float64), r.to(torch.float64)
+            wrong = (~torch.isclose(c, r, rtol=rtol, atol=0.0, equal_nan=True)).sum()
+        shares.append(int(wrong) / r.numel())
+    return max(shares) if shares else None
 
 
 def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Callable[[int], Any],
