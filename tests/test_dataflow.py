@@ -414,7 +414,7 @@ def test_the_knockouts_wrong_share_counts_elements_off_by_more_than_the_relative
     everywhere), NaN wrong where the reference has a number, integer outputs exactly; drawn chunks are not measured."""
     from kb_gym.worker.correctness import SLIVER_SHARE, wrong_share
 
-    ref = torch.randn(64, 256) * 1e-6
+    ref = torch.randn(64, 256) * 1e-6 + 1e-5  # no zeros: shares of every element
     one_off = ref.clone()
     one_off[3, 7] += 1.0
     assert wrong_share(one_off, ref, 1e-4) == 1 / ref.numel() < SLIVER_SHARE
@@ -425,4 +425,9 @@ def test_the_knockouts_wrong_share_counts_elements_off_by_more_than_the_relative
     assert wrong_share((with_nan, ints), (ref, ints), 1e-4) == 128 / ref.numel()
     # The largest share of any output: a kernel that made a whole scalar loss beside PyTorch's big tensor made it all.
     assert wrong_share((ref, torch.tensor(7.0)), (ref, torch.tensor(3.0)), 1e-4) == 1.0
+    # Against the nonzero elements: a sparse answer (1 in 64 nonzero) over a zero fill is wrong wherever it is not 0.
+    sparse = torch.zeros(64, 256)
+    sparse[:, ::64] = 1.0
+    assert wrong_share(torch.zeros_like(sparse), sparse, 1e-4) == 1.0
+    assert wrong_share(torch.zeros(8), torch.zeros(8), 1e-4) == 0.0
     assert wrong_share(ref[:32], ref, 1e-4) is None and wrong_share((ref,), (ref, ref), 1e-4) is None
