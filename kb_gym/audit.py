@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from kb_gym.config import EvalConfig
 from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
-from kb_gym.result import EvalResult
+from kb_gym.result import EvalResult, bound_text
 
 _MAP = '''
 
@@ -186,7 +186,7 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
             if not control:
                 row["passed_by"].append(kind)
         elif control or r.status != "incorrect":
-            row["errors"][kind] = _clip(r.error or "", 600 if control else 200)
+            row["errors"][kind] = bound_text(r.error or "", 600 if control else 200)
         row["degenerate"] |= "degenerate_problem" in r.flags
     row["passed_by"].sort(key=list(kinds).index)
     # No verdict: the GPU was short of memory (beside another audit worker, say); a resumed audit runs these again.
@@ -199,11 +199,6 @@ def _row(problem: Problem, results: dict[str, EvalResult], kinds: Sequence[str])
     # Where an audit's time goes (queue, load, correctness...), per candidate: a GPU-size audit is hours of device time.
     row["stage_seconds"] = {k: {stage: round(s, 3) for stage, s in r.stage_seconds.items()} for k, r in results.items()}
     return row
-
-
-def _clip(text: str, limit: int) -> str:
-    """The head and the tail of an error: a traceback's cause is at its end."""
-    return text if len(text) <= limit else text[:limit // 2] + " ... " + text[-(limit // 2):]
 
 
 def passable_problems(rows: str | os.PathLike | Sequence[dict[str, Any]]) -> list[str]:

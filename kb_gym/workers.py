@@ -257,6 +257,7 @@ class WorkerHandle:
         stage_started = time.monotonic()
         token = secrets.token_hex(16)
         peak_rss = 0.0
+        device_wait = 0.0  # seconds this job waited for the shared device's grant
         disk_checked = time.monotonic()
         try:
             write_message(self.proc.stdin.fileno(), {**job, "token": token})
@@ -300,10 +301,10 @@ class WorkerHandle:
                     loading[0] = False
                     self.device_lock.end_load()
                 if self.device_lock is not None and not held_since:
-                    waited = time.monotonic()
+                    asked = time.monotonic()
                     self.device_lock.acquire()  # the wait is not the worker's time: the clock restarts
                     held_since.append(time.monotonic())
-                    held_since.append(held_since[0] - waited)
+                    device_wait = held_since[0] - asked
                 try:
                     write_message(self.proc.stdin.fileno(), {"type": "granted"})
                 except OSError as exc:
@@ -314,7 +315,7 @@ class WorkerHandle:
                 msg["log_tail"] = self.drain.text_since(mark)
                 if held_since and isinstance(msg.get("stage_seconds"), dict):
                     # Where a shared device's time goes: the wait for it, and how long the job held it.
-                    msg["stage_seconds"]["device_wait"] = held_since[1]
+                    msg["stage_seconds"]["device_wait"] = device_wait
                     msg["stage_seconds"]["device_held"] = time.monotonic() - held_since[0]
                 if msg.get("restart"):
                     self.kill()

@@ -30,7 +30,7 @@ Like the knockout, this runs in the candidate's process and is its report: defen
 PyTorch holds exactly (``(2 x * 0.25) * 4``, an undo that rounds a few bits off, the elementwise work done before
 the flip back), moves across shapes (PyTorch computes the answer's halves or a padded answer, the kernel
 concatenates or crops), work PyTorch does in place in a storage a kernel wrote part of (taint is per storage), a
-kernel that computes a sliver of the answer (the knockout's sliver rule holds it under 1%), compute outside the
+kernel that computes a sliver of the answer (the knockout's sliver rule holds it under 0.2%), compute outside the
 dispatcher (numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the
 traced call (an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole
 work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and

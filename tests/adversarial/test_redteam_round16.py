@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_redteam_round13 import CHECK, HEAD, SCALE
+from test_redteam_round13 import CHECK, COPY_OUT, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
 
@@ -434,21 +434,8 @@ class ModelNew(nn.Module):
 """
 
 # the freed answer's block, reused by empty_like, holds the right answer when the kernel is knocked out
-REUSED_BLOCK = HEAD + """
-@triton.jit
-def _copy(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        y = x * 2.0 + 1.0
-        out = torch.empty_like(y)
-        _copy[(triton.cdiv(y.numel(), 4096),)](y, out, y.numel(), BLOCK=4096)
-        del y
-        return out
-"""
+REUSED_BLOCK = COPY_OUT.replace("        return out\n", "        del y\n        return out\n")  # round 13's, y freed
+assert REUSED_BLOCK != COPY_OUT
 
 # PyTorch's answer negated by the kernel (real elementwise work, but of PyTorch's answer) and negated back after the
 # answer was freed: no live tensor holds it, the sampled results do
