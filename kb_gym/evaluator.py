@@ -440,6 +440,7 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       payload_pinned=bool(runner.get("payload_pinned")),
                       digest="device" if runner.get("digest") == "device" else "host",
+                      launch_shim=bool(runner.get("launch_shim")),  # own launches counted per launch (launch_shim.py)
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},
                       headers=list(runner.get("headers") or []))
         if runner.get("digest_note"):  # outputs on a GPU hashed on the host: why (device_digest.py)

@@ -145,14 +145,16 @@ def test_the_shim_counts_and_knocks_out_only_the_candidates_own_launches(tmp_pat
     assert seen["run_torch_handle knockout=True"] == [0, [0.0, 2.0], 4]
 
 
-def test_without_the_switch_or_off_a_gpu_nothing_is_preloaded(monkeypatch, tmp_path):
+def test_switched_off_or_off_a_gpu_nothing_is_preloaded(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(launch_shim.ENV, raising=False)
+    monkeypatch.setenv(launch_shim.ENV, "0")
     assert "LD_PRELOAD" not in launch_shim.preload_env("cuda:0", {})
-    monkeypatch.setenv(launch_shim.ENV, "1")
+    monkeypatch.delenv(launch_shim.ENV)  # on by default, for GPU runners only
     assert "LD_PRELOAD" not in launch_shim.preload_env("cpu", {})
-    kept = launch_shim.preload_env("cuda:1", {"LD_PRELOAD": "/opt/other.so"})["LD_PRELOAD"].split()
+    env = launch_shim.preload_env("cuda:1", {"LD_PRELOAD": "/opt/other.so"})
+    kept = env["LD_PRELOAD"].split()
     assert kept[0].endswith("libkb_launch_shim.so") and kept[1] == "/opt/other.so"
+    assert launch_shim.preloaded_in(env) and not launch_shim.preloaded_in({"LD_PRELOAD": "/opt/other.so"})
 
 
 def test_a_process_without_the_shim_has_no_handle():

@@ -189,6 +189,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "overhead_ms": calibration.overhead_ms if calibration else None,
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
                                 "sandbox": runner.info.get("sandbox", {}),
+                                "launch_shim": runner.launch_shim,
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "startup_phases": runner.info.get("startup_phases"),
                                 "build_cached": bool(result.get("build_cached")),

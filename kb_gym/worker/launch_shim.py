@@ -16,9 +16,10 @@ caller, so a torch kernel launched from the candidate's code is not its own. Wha
 driver-API launches, a statically linked runtime, CUDA graph replays. Like the Python hooks it lives in the candidate's
 process, so it is defence in depth, not the boundary (docs/integrity.md).
 
-Off unless ``KB_GYM_LAUNCH_SHIM=1``: on the H200 it now counts CUDA 13's launches and gives a token launch no credit
-(docs/benchmarks.md 0r), but our CUDA solutions have not yet run with it on (the textual check of ``cuda_source.py``
-and the per-function knockout stand in meanwhile).
+On for every GPU runner unless ``KB_GYM_LAUNCH_SHIM=0`` (or no C compiler builds it): on the H200 it counts CUDA 13's
+launches, gives a token launch no credit, and all our CUDA and Triton solutions keep their credit with it
+(docs/benchmarks.md 0s). A result says whether its runner had it (``result.runner["launch_shim"]``); without it
+the textual check of ``cuda_source.py`` and the per-function knockout stand in.
 """
 
 from __future__ import annotations
@@ -210,7 +211,12 @@ long kb_launch_shim_control(unsigned long long k, int op, const char *arg) {
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "0") == "1"
+    return os.environ.get(ENV, "1") != "0"
+
+
+def preloaded_in(env: dict[str, str]) -> bool:
+    """Whether a process started with ``env`` has the shim preloaded."""
+    return "libkb_launch_shim.so" in env.get("LD_PRELOAD", "")
 
 
 def _cache_dir() -> Path:

@@ -145,6 +145,7 @@ class RunnerProcess:
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
 
         env = runner_env(device, self.scratch)
+        self.launch_shim = launch_shim.preloaded_in(env)  # a forked runner's zygote got the same env
         if device_digest.trusted(self.torch_device):  # outputs hashed on the GPU (device_digest.py)
             device_digest.seed(self.scratch / "triton")
             env[device_digest.ENV_WARM] = "1"

@@ -11,6 +11,7 @@ import pytest
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 from kb_gym.problems import BUILTIN_DIR
+from kb_gym.worker import launch_shim
 
 pytestmark = pytest.mark.gpu
 
@@ -148,6 +149,8 @@ def test_triton_solutions_correct_on_gpu(ev):
         assert r.status == "correct", (problem.key, r.error)
         assert r.custom_kernel_launches and "no_custom_kernel" not in r.flags
         assert "token_kernel" not in r.flags, (problem.key, r.correctness.get("dataflow"))
+        # the launch shim is on by default: every solution keeps its credit with its launches counted one by one
+        assert r.worker["launch_shim"] == launch_shim.enabled(), r.worker
         assert r.speedup and r.speedup_ci and r.device == "cuda:0"
         assert r.hardware["name"] and r.hardware["driver"]
 
