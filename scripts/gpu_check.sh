@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
 #   PART: ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
-#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), payload (pipe vs memfd per call), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -51,6 +51,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
     shim) python3 -P scripts/gpu_shim_diag.py ;;
+    stage) python3 -P scripts/gpu_stage_diag.py ${STAGE_PROBLEMS:-} ;;
     times) python3 -P scripts/problem_times.py --dataset "${TIMES_DATASET:-builtin}" --size gpu --measure \
              ${TIMES_ONLY:+--only "$TIMES_ONLY"} --out "$OUT/times${TIMES_TAG:-}.json" ;;
     diag) python3 -P scripts/gpu_timing_diag.py ;;
