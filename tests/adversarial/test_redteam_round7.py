@@ -106,9 +106,13 @@ def test_the_near_constant_problem_is_judged_sanely_for_an_honest_kernel(ev):
     assert r.speedup is not None and r.speedup < 2.5, r.speedup
 
 
-def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev):
-    r = ev.evaluate(MEAN_NEAR_ONE, MEMORISED_AFTER_THE_RERUN, config=TIMED)
+# Spot-checked timed outputs (over timed_output_sample_bytes: 64 MB, most GPU-size outputs; 128 bytes stands in)
+# get the same guard on the chunks drawn after the call (session 25: they crossed whole until then).
+@pytest.mark.parametrize("sample_bytes", [0, 128], ids=["whole", "chunks"])
+def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev, sample_bytes):
+    r = ev.evaluate(MEAN_NEAR_ONE, MEMORISED_AFTER_THE_RERUN, config=TIMED.replace(timed_output_sample_bytes=sample_bytes))
     assert r.status == "incorrect" and "timing_mismatch" in r.flags, (r.status, r.error, r.speedup, r.flags)
+    assert isinstance(r.correctness.get("timed_output_check"), dict) == bool(sample_bytes), r.correctness
 
 
 # --- 2. sparse files in the build folder, written out whole by the judge's copy -----------------------------
