@@ -204,6 +204,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             runner.kill(keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext",
                                                                build_cache.toolchain(ctx.device)))
                         if state.get("build_kept") == "at_exit" else None)
+            # teardown's share that must end before the device is free: the candidate's tree gone
+            result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
