@@ -459,20 +459,33 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
     calls' inputs were widened (time_pair), and so are the float64 opinion's."""
 
     previous: list[torch.Tensor] = []  # the last timed call's answer, on a degenerate problem (small outputs)
+    last_seed: list[int] = []  # the last timed call's seed, on a degenerate problem
+
+    def last_answer() -> list[torch.Tensor]:
+        """The last timed call's answer: kept, or where it was too large to keep, computed again from its seed
+        (a reference forward per call, on degenerate problems only: round 13's large near-constant answer,
+        memorised once the trials were over, got 1,448-1,645x, correct, when the large ones were not checked)."""
+        if previous or not last_seed:
+            return previous[:]
+        with torch.no_grad():
+            out = ref_model(*make_inputs(ref_mod, last_seed[0], device, dtype, widen=widen))
+            if device.type == "cuda":  # finished before the next timed call starts
+                torch.cuda.synchronize(device)
+        return [r for r in flatten_outputs(out) if r.is_floating_point()]
 
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
         # Where another input's answer passes the tolerance (the trials found the problem degenerate), a timed
         # output is held, as a trial's, within 0.3x the distance between this answer and the last one: else
         # an answer memorised once the trials were over passed every timed call (round 7: 5-7x, correct).
         degenerate = "degenerate_problem" in result.get("flags", ())
-        others = previous[:] if degenerate else []
+        others = last_answer() if degenerate else []
         # ... and the trivial outputs too (zeros, the input), as a trial's: where the input is within the tolerance
         # of the answer on inputs of both signs as well (no widened trial then), returning it once the trials were
         # over passed every timed call (round 12: x + 2e-5 * tanh(3x), correct at 36-39x for a true 1x)
         inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen) if degenerate else None
         if isinstance(cand_out, SampledOutputs):
             why = _check_chunks(cand_out, ref_out, atol, rtol, inputs, others)
-            _keep_answer(ref_out, degenerate)
+            _keep_answer(ref_out, degenerate, seed)
             return why
         trivial = trivial_outputs(ref_out, inputs) if degenerate else None
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial, others)
@@ -480,13 +493,14 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
             if inputs is None:
                 inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
             cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, trivial, others)
-        _keep_answer(ref_out, degenerate)
+        _keep_answer(ref_out, degenerate, seed)
         return None if cmp.ok else cmp.reason
 
-    def _keep_answer(ref_out: Any, degenerate: bool) -> None:
+    def _keep_answer(ref_out: Any, degenerate: bool, seed: int) -> None:
         if degenerate:
             answers = [r for r in flatten_outputs(ref_out) if r.is_floating_point()]
             previous[:] = answers if sum(r.numel() for r in answers) <= KEPT_ANSWER_ELEMENTS else []
+            last_seed[:] = [seed]
 
     return check
 

@@ -111,6 +111,7 @@ import os
 import pytest
 
 from kb_gym import EvalConfig, Evaluator, Problem
+from kb_gym.problems import reference_as_candidate
 from kb_gym.training.dedup import program_key
 from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
 
@@ -352,6 +353,48 @@ def test_a_memorised_answer_is_caught_on_a_large_output_too(ev):
     candidate's values there against it (correctness._sampled_against_previous)."""
     r = ev.evaluate(NEAR_CONSTANT_BIG, FIRST_ANSWER_KEPT, config=TIMED.replace(integrity="off"))
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
+
+
+# Session 25: the same answer memorised only once the trials are over (round 7's move at this size). The timed check
+# kept the last call's answer only up to KEPT_ANSWER_ELEMENTS, so over 2**24 elements a memorised answer met only
+# the tolerance and the trivial outputs in timed calls: `correct`, 1,448-1,645x for a true 1x (integrity off, 3 of 3; the kept
+# answer costs nothing).
+# Now the last call's reference answer is recomputed from its seed where it was too large to keep.
+KEPT_AFTER_THE_RERUN = """import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Parameter(torch.ones(4100, 4096))
+
+    def forward(self, x):
+        if getattr(self, "stale", False):
+            return self.kept
+        if getattr(self, "last", None) is not None and torch.equal(x, self.last):
+            self.stale = True  # the determinism rerun: the correctness trials are over
+        self.last = x.clone()
+        self.kept = y = self.base * (1.0 + 1e-3 * x.mean())
+        for _ in range(6):  # a slower honest path, so that the shortcut shows as a speedup
+            y = self.base * (1.0 + 1e-3 * x.mean())
+        return y
+"""
+
+
+def test_an_answer_memorised_after_the_trials_is_caught_in_timed_calls_on_a_large_output(ev):
+    r = ev.evaluate(NEAR_CONSTANT_BIG, KEPT_AFTER_THE_RERUN, config=TIMED.replace(integrity="off"))
+    assert "degenerate_problem" in r.flags, (r.status, r.flags, r.error)
+    assert isinstance(r.correctness.get("timed_output_check"), dict), r.correctness  # spot-checked: 67 MB > 64 MB
+    assert r.status == "incorrect" and "timing_mismatch" in r.flags, (r.status, r.speedup, r.flags, r.error)
+    assert "relative L2 error" in r.error and "on chunks drawn after the call" in r.error, r.error
+
+
+def test_the_large_near_constant_problem_is_judged_sanely_for_an_honest_candidate(ev):
+    """The control: the reference itself, timed on the same path with the last answer recomputed, is correct."""
+    r = ev.evaluate(NEAR_CONSTANT_BIG, reference_as_candidate(NEAR_CONSTANT_BIG), config=TIMED.replace(integrity="off"))
+    assert r.status == "correct" and "degenerate_problem" in r.flags, (r.status, r.flags, r.error)
+    assert isinstance(r.correctness.get("timed_output_check"), dict), r.correctness
 
 
 # --- 4. two programs, one dedup key ----------------------------------------------------------------------------------
