@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker.checks import Comparison, compare_outputs, flatten_outputs
+from kb_gym.worker.checks import Comparison, compare_outputs, flatten_outputs, inexact
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import clone_inputs, make_inputs
 from kb_gym.worker.loading import StageError
@@ -68,7 +68,7 @@ def _sample_places(refs: list[torch.Tensor]) -> list[torch.Tensor | None]:
     (None for the rest), drawn from a seed the candidate never sees (the trials' seeds follow the job's)."""
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     return [torch.randint(r.numel(), (SAMPLED_ANSWER_ELEMENTS,), generator=gen).to(r.device)
-            if r.is_floating_point() and r.numel() else None for r in refs]
+            if inexact(r) and r.numel() else None for r in refs]
 
 
 def _sampled(outputs: list[torch.Tensor], places: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -131,7 +131,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         note_reply(reply, result, counts)
         cand_out = reply.outputs
         refs = flatten_outputs(ref_out)
-        answers = [r for r in refs if r.is_floating_point()]
+        answers = [r for r in refs if inexact(r)]
         small = sum(r.numel() for r in refs) <= KEPT_ANSWER_ELEMENTS
         if not small and places is None:
             places = _sample_places(refs)
@@ -218,10 +218,10 @@ def _determinism_rerun(setup: TrialSetup, last: tuple[int, list[Any], Any], resu
 
 
 def is_input(inputs: list[Any], ref_out: Any, atol: float, rtol: float) -> bool:
-    first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
     outs = flatten_outputs(ref_out)
-    return (first is not None and first.is_floating_point() and len(outs) == 1
-            and tuple(first.shape) == tuple(outs[0].shape) and compare_outputs(first, outs[0], atol, rtol).ok)
+    return len(outs) == 1 and any(
+        isinstance(x, torch.Tensor) and inexact(x) and tuple(x.shape) == tuple(outs[0].shape)
+        and compare_outputs(x, outs[0], atol, rtol).ok for x in inputs)
 
 
 def _widened_trial(setup: TrialSetup, seed: int, result: dict[str, Any], state: dict[str, Any],
@@ -238,7 +238,7 @@ def _widened_trial(setup: TrialSetup, seed: int, result: dict[str, Any], state: 
     except Exception:  # noqa: BLE001 - the reference's own domain is narrower: no verdict from this trial
         return None
     refs = flatten_outputs(ref_out)
-    finite = all(bool(_isfinite(r).all().item()) for r in refs if r.is_floating_point())
+    finite = all(bool(_isfinite(r).all().item()) for r in refs if inexact(r))
     if not finite or is_input(inputs, ref_out, atol, rtol):
         return None
     try:
@@ -272,8 +272,10 @@ def _counting_flops(model: Any, inputs: list[Any]) -> tuple[Any, int | None]:
 
 def trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
     refs = flatten_outputs(ref_out)
-    trivial = [torch.zeros_like(r) for r in refs if r.is_floating_point()]
-    trivial += [x for x in inputs[:1] if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    trivial = [torch.zeros_like(r) for r in refs if inexact(r)]
+    # every input, not the first only (round 17: ``b + 1e-6 tanh(a @ a)`` answered with ``b``, 10-16x, correct);
+    # the comparisons take those of an output's shape
+    trivial += [x for x in inputs if isinstance(x, torch.Tensor) and inexact(x)]
     return trivial
 
 

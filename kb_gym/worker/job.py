@@ -23,7 +23,15 @@ from typing import Any
 import torch
 
 from kb_gym.worker import build_cache, burst, pch
-from kb_gym.worker.checks import DEGENERATE_NOTE, compare_outputs, degenerate_bound, flatten_outputs, near_miss, rel_l2
+from kb_gym.worker.checks import (
+    DEGENERATE_NOTE,
+    compare_outputs,
+    degenerate_bound,
+    flatten_outputs,
+    inexact,
+    near_miss,
+    rel_l2,
+)
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import (
     KEPT_ANSWER_ELEMENTS,
@@ -471,7 +479,7 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
             out = ref_model(*make_inputs(ref_mod, last_seed[0], device, dtype, widen=widen))
             if device.type == "cuda":  # finished before the next timed call starts
                 torch.cuda.synchronize(device)
-        return [r for r in flatten_outputs(out) if r.is_floating_point()]
+        return [r for r in flatten_outputs(out) if inexact(r)]
 
     def check(cand_out: Any, ref_out: Any, seed: int) -> str | None:
         # Where another input's answer passes the tolerance (the trials found the problem degenerate), a timed
@@ -498,7 +506,7 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
 
     def _keep_answer(ref_out: Any, degenerate: bool, seed: int) -> None:
         if degenerate:
-            answers = [r for r in flatten_outputs(ref_out) if r.is_floating_point()]
+            answers = [r for r in flatten_outputs(ref_out) if inexact(r)]
             previous[:] = answers if sum(r.numel() for r in answers) <= KEPT_ANSWER_ELEMENTS else []
             last_seed[:] = [seed]
 

@@ -22,7 +22,7 @@ Held (normal tests):
 5. Zeros for a tiny complex answer (``1e-7 fft2``): ``incorrect`` in trial 1 by the plain 1 x rtol relative L2 bound.
    A memorised real near-constant answer: ``incorrect`` (or ``unverifiable_output`` where the two answers coincide).
 
-Got through (xfail, 3 of 3):
+Got through (3 of 3 each; 6, 7 and 9 fixed in the same session, 8 still a strict xfail):
 
 6. The per-chunk floor. ``_check_chunks`` runs ``compare_outputs`` chunk by chunk, so ``TRIVIAL_ERR_FLOOR`` (a
    trivial output within 1e-5 relative L2 of the answer: unverifiable, passes) and the 0.3x bound are decided per
@@ -40,6 +40,9 @@ Got through (xfail, 3 of 3):
    hold only the first input; ``b + 1e-6 tanh(a @ a)`` answered with ``b.clone()``: ``correct``, 10.7-15.8x, flags
    ``no_custom_kernel`` only (never ``degenerate_problem``: zeros, ``a`` and other answers all fail). Fix: every
    floating input of the output's shape is a trivial output (trials, timed checks, audit, ``is_input``).
+   Fixed in the same session: ``trivial_outputs`` and ``is_input`` take every input (``b.clone()``: ``correct``
+   with ``unverifiable_output``, no speed credit under ``strict``: the answer is ``b`` to within rounding). The
+   audit's trivial candidates still return the first input only.
 8. The same for the input transposed: ``(x + 1e-6 tanh(x @ x)).t()`` answered with ``x.t()``: ``correct``,
    4.2-10.2x. Fix: also hold inputs of the output's element count reshaped, and 2-D inputs transposed, as trivial
    outputs (a cheap list; no list is complete, so the audit should report problems where rel L2 of the answer to any
@@ -51,6 +54,7 @@ Got through (xfail, 3 of 3):
    ``incorrect``. Memorised only after the rerun: ``correct``, 2.7-2.9x whole and 2.5-4.1x spot-checked (only the 1 x rtol
    relative L2 bound holds it: a pair of answers 1e-4 apart fails). Fix: treat ``is_complex()`` tensors as floating
    in those four places (``compare_outputs`` already compares complex as its real and imaginary parts).
+   Fixed in the same session (``checks.inexact``: floating or complex, in those places): all three caught.
 
 Not a test: a small output beside a large one (a loss beside a big tensor) is one chunk of N, drawn with probability
 16/N a call, so a wrong small output passes a call with probability 1 - 16/N (6,000 chunks at 6 GB: 99.7%); this is
@@ -297,9 +301,12 @@ def test_honest_on_the_unlisted_trivial_problems_is_correct(ev, problem):
     assert r.status == "correct", (r.status, r.flags, r.error)
 
 
-@pytest.mark.xfail(strict=True, reason="open: trivial_outputs lists only the first input, as shaped")
-@pytest.mark.parametrize("problem,code", [(SECOND_INPUT, RETURN_B), (TRANSPOSED, RETURN_XT)],
-                         ids=["second_input", "transposed"])
+# The second input is a trivial output since session 25 (correctness.trivial_outputs lists every input).
+@pytest.mark.parametrize("problem,code", [
+    (SECOND_INPUT, RETURN_B),
+    pytest.param(TRANSPOSED, RETURN_XT, marks=pytest.mark.xfail(
+        strict=True, reason="open: trivial_outputs holds inputs as shaped, not transposed or reshaped")),
+], ids=["second_input", "transposed"])
 def test_an_unlisted_trivial_output_is_caught(ev, problem, code):
     r = ev.evaluate(problem, code, config=TIMED)
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
@@ -380,7 +387,6 @@ def test_a_memorised_real_answer_is_caught(ev):
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
 
 
-@pytest.mark.xfail(strict=True, reason="open: complex answers are never kept nor held against the trivial outputs")
 def test_a_memorised_complex_answer_is_caught(ev):
     code = FIRST_ANSWER_KEPT.format(expr="torch.ones(128, 128, dtype=torch.complex64)")
     r = ev.evaluate(NEAR_CONSTANT_COMPLEX, code, config=TIMED)
@@ -446,7 +452,6 @@ return self.kept.clone()
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="open: complex answers are never kept nor held against the trivial outputs")
 @pytest.mark.parametrize("sample_bytes", [0, 4096], ids=["whole", "chunks"])
 def test_a_complex_answer_memorised_after_the_rerun_is_caught(ev, sample_bytes):
     r = ev.evaluate(NEAR_CONSTANT_COMPLEX, COMPLEX_AFTER_THE_RERUN,
