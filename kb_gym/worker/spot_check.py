@@ -64,9 +64,16 @@ def check_hash_lists(meta: list[dict[str, Any]], hashes: Any, chunk_bytes: int) 
 
 
 def pick_chunks(meta: list[dict[str, Any]], chunk_bytes: int, count: int = CHUNKS_PER_CALL) -> list[tuple[int, int]]:
-    """``count`` distinct (output, chunk) pairs drawn from the operating system's randomness."""
+    """``count`` distinct (output, chunk) pairs drawn from the operating system's randomness, one of each output
+    first where there are no more outputs than ``count``: drawn from all chunks alike, a small output beside a
+    large one (a loss beside a 6 GB tensor: one chunk of 6,000) went unchecked in 99.7% of calls (round 17)."""
     every = [(k, j) for k, item in enumerate(meta) for j in range(-(-item["nbytes"] // chunk_bytes))]
-    return sorted(_SYSTEM_RANDOM.sample(every, min(count, len(every))))
+    per_output = [-(-item["nbytes"] // chunk_bytes) for item in meta]
+    if sum(n > 0 for n in per_output) > count:
+        return sorted(_SYSTEM_RANDOM.sample(every, min(count, len(every))))
+    first = {(k, _SYSTEM_RANDOM.randrange(n)) for k, n in enumerate(per_output) if n}
+    rest = [pair for pair in every if pair not in first]
+    return sorted(first | set(_SYSTEM_RANDOM.sample(rest, min(count - len(first), len(rest)))))
 
 
 @dataclass

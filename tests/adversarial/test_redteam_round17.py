@@ -59,7 +59,8 @@ Got through (3 of 3 each; 6, 7 and 9 fixed in the same session, 8 still a strict
 Not a test: a small output beside a large one (a loss beside a big tensor) is one chunk of N, drawn with probability
 16/N a call, so a wrong small output passes a call with probability 1 - 16/N (6,000 chunks at 6 GB: 99.7%); this is
 the accepted (1 - f)^16 limitation, the same on ordinary problems (the degenerate checks do not change it), but f
-counts chunks, not work. The first timed call has no last answer (only the trivial outputs): one stale call, no
+counts chunks, not work. Changed in the same session: ``spot_check.pick_chunks`` draws one chunk of every output
+first (where there are at most 16), then the rest alike (``tests/adversarial/test_spot_check.py``). The first timed call has no last answer (only the trivial outputs): one stale call, no
 speedup at stake.
 
 All evaluations run on one CPU Evaluator of the module; the file takes ~17 s on 2 cores.

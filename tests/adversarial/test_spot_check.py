@@ -71,6 +71,12 @@ def test_chunks_are_drawn_distinct_and_the_runners_lists_are_checked():
     drawn = pick_chunks(meta, size)
     assert len(drawn) == len(set(drawn)) == 16
     assert all(0 <= j < -(-meta[k]["nbytes"] // size) for k, j in drawn)
+    # every output is drawn on every call, the small one too (1 chunk of 99 here; round 17: a loss beside a large
+    # tensor went unchecked in almost every call when all chunks were drawn alike)
+    assert all({k for k, _ in pick_chunks(meta, size)} == {0, 1} for _ in range(50))
+    assert pick_chunks(describe([torch.randn(10)]), size) == [(0, 0)]
+    many = describe([torch.randn(2000) for _ in range(20)])  # more outputs than chunks a call: drawn alike
+    assert len(set(pick_chunks(many, size))) == 16
     good = [[0] * -(-m["nbytes"] // size) for m in meta]
     check_hash_lists(meta, good, size)
     for bad in (good[:1], [good[0], []], [good[0] + [0], good[1]], [["x"] * len(good[0]), good[1]], None):
