@@ -493,7 +493,7 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
         inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen) if degenerate else None
         if isinstance(cand_out, SampledOutputs):
             why = _check_chunks(cand_out, ref_out, atol, rtol, inputs, others)
-            _keep_answer(ref_out, degenerate, seed)
+            keep_answer(ref_out, degenerate, seed)
             return why
         trivial = trivial_outputs(ref_out, inputs) if degenerate else None
         cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial, others)
@@ -501,10 +501,10 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
             if inputs is None:
                 inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
             cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, trivial, others)
-        _keep_answer(ref_out, degenerate, seed)
+        keep_answer(ref_out, degenerate, seed)
         return None if cmp.ok else cmp.reason
 
-    def _keep_answer(ref_out: Any, degenerate: bool, seed: int) -> None:
+    def keep_answer(ref_out: Any, degenerate: bool, seed: int) -> None:
         if degenerate:
             answers = [r for r in flatten_outputs(ref_out) if inexact(r)]
             previous[:] = answers if sum(r.numel() for r in answers) <= KEPT_ANSWER_ELEMENTS else []
@@ -516,9 +516,10 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
 def _check_chunks(sample: SampledOutputs, ref_out: Any, atol: float, rtol: float, inputs: list[Any] | None,
                   others: list[torch.Tensor]) -> str | None:
     """Why the chunks drawn after a timed call are wrong, or None. With ``inputs`` (a degenerate problem) each
-    chunk is also held against the same elements of the trivial outputs (zeros, the first input) and of the
-    last call's answers, as a whole output is: the chunks are drawn after the call's hashes are fixed, so an
-    answer that returns the input, or an earlier answer, is caught wherever it is drawn."""
+    chunk is also held against the same elements of the trivial outputs (zeros, the inputs) and of the last
+    call's answers, and the chunks together to the whole output's bound, as a whole output is: the chunks are
+    drawn after the call's hashes are fixed, so an answer that returns an input, or an earlier answer, is caught
+    wherever it is drawn."""
     refs = flatten_outputs(ref_out)
     ref_pieces, why = reference_pieces(refs, sample)
     if why:

@@ -18,7 +18,7 @@ process, so it is defence in depth, not the boundary (docs/integrity.md).
 
 On for every GPU runner unless ``KB_GYM_LAUNCH_SHIM=0`` (or no C compiler builds it): on the H200 it counts CUDA 13's
 launches, gives a token launch no credit, and all our CUDA and Triton solutions keep their credit with it
-(docs/benchmarks.md 0s). A result says whether its runner had it (``result.runner["launch_shim"]``); without it
+(docs/benchmarks.md 0s). A result says whether its runner had it (``result.worker["launch_shim"]``); without it
 the textual check of ``cuda_source.py`` and the per-function knockout stand in.
 """
 

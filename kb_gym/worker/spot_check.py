@@ -67,8 +67,8 @@ def pick_chunks(meta: list[dict[str, Any]], chunk_bytes: int, count: int = CHUNK
     """``count`` distinct (output, chunk) pairs drawn from the operating system's randomness, one of each output
     first where there are no more outputs than ``count``: drawn from all chunks alike, a small output beside a
     large one (a loss beside a 6 GB tensor: one chunk of 6,000) went unchecked in 99.7% of calls (round 17)."""
-    every = [(k, j) for k, item in enumerate(meta) for j in range(-(-item["nbytes"] // chunk_bytes))]
     per_output = [-(-item["nbytes"] // chunk_bytes) for item in meta]
+    every = [(k, j) for k, n in enumerate(per_output) for j in range(n)]
     if sum(n > 0 for n in per_output) > count:
         return sorted(_SYSTEM_RANDOM.sample(every, min(count, len(every))))
     first = {(k, _SYSTEM_RANDOM.randrange(n)) for k, n in enumerate(per_output) if n}
