@@ -216,6 +216,7 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
                               "builds_warmed": warm_builds}
     with _evaluator(backend, device, workers_per_device) as ev:
         ev.warm()
+        report["headers_wait_s"] = _wait_for_headers(ev.devices)
         if warm_builds:
             for f in [ev.submit(p, s) for p, k, s in batch if k == "cuda"]:
                 f.result()
@@ -253,6 +254,26 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
     if out:
         Path(out).write_text(json.dumps(report, indent=1, default=str))
     return report
+
+
+def _wait_for_headers(devices: list[str], timeout: float = 240.0) -> float | None:
+    """Seconds waited for the precompiled header the judges start at warm-up (pch.prebuild), so that the
+    batch's cold CUDA builds are those of a machine set up once, as a trainer's are after its first minute;
+    None where the judges build without one (a CPU batch, ``KB_GYM_PCH=0``, no build cache)."""
+    if not devices or not devices[0].startswith("cuda"):
+        return None
+    import torch
+
+    from kb_gym.worker import pch
+    from kb_gym.worker.job import headers_root
+    from kb_gym.workers import extensions_dir
+
+    root = headers_root(torch.device(devices[0]), extensions_dir())
+    if root is None:
+        return None
+    t0 = time.perf_counter()
+    pch.wait_ready(root, "cuda", timeout)
+    return time.perf_counter() - t0
 
 
 def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:

@@ -17,9 +17,12 @@ def _median(values: list[float]) -> float | None:
 
 
 def _own(row: dict[str, Any]) -> float:
-    """A candidate's own evaluation time: its total less the time it waited behind the others submitted with it
-    (a whole batch is submitted at once, so the queue says more about the batch than about the candidate)."""
-    return row["total_s"] - row["stages"].get("queue", 0.0)
+    """A candidate's own evaluation time: its total less the time it waited behind the others submitted with it,
+    for a worker (``queue``) and, on its worker, for the device another worker's candidate held
+    (``device_wait``): a whole batch is submitted at once, so both say more about the batch than about the
+    candidate."""
+    stages = row["stages"]
+    return row["total_s"] - stages.get("queue", 0.0) - stages.get("device_wait", 0.0)
 
 
 def _startup_phases(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -110,7 +113,10 @@ def format_batch(report: dict[str, Any]) -> str:
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "
              f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s (medians; "
-             "own time: total less the wait behind the batch)"]
+             "own time: total less the waits behind the batch, for a worker and for the device)"]
+    if report.get("headers_wait_s") is not None:
+        lines.append(f"precompiled header for CUDA builds: waited {f(report['headers_wait_s'], '.1f')} s after the "
+                     "warm-up, before the clock (once per machine and toolchain)")
     kb = report.get("kernelbench_way")
     if kb:
         lines.append(f"KernelBench way: {f(kb['wall_s'], '.1f')} s, {f(kb['per_candidate_s'])} s per candidate; "

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from kb_gym import sandbox
@@ -31,6 +32,12 @@ DISK_POLL_SECONDS = 1.0  # a walk of the scratch folder: cheap, but not every me
 QUIET_WAIT_S = 30.0
 JUDGE_GRACE = 10.0  # seconds past a stage's limit before the judge itself is taken for hung
 
+
+
+def extensions_dir() -> Path:
+    """The build cache the judges of this process's Evaluators share (``KB_GYM_EXTENSIONS_DIR``, else under
+    kb_gym's cache folder; worker/build_cache.py)."""
+    return Path(os.environ.get("KB_GYM_EXTENSIONS_DIR") or cache_dir() / "torch_extensions")
 
 class WorkerDied(RuntimeError):
     pass
@@ -145,7 +152,7 @@ class WorkerHandle:
             env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         else:
             env.pop("TRITON_INTERPRET", None)  # a caller's interpreter setting must not reach a GPU worker
-        env.setdefault("KB_GYM_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+        env.setdefault("KB_GYM_EXTENSIONS_DIR", str(extensions_dir()))
         # -P and a neutral working directory: whatever folder the caller runs in (a clone's root
         # holds a kb_gym/ source folder) must not shadow the installed package in the worker.
         self.proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -9,7 +9,7 @@ import pytest
 
 from kb_gym import load_problems
 from kb_gym.batch_bench import batch_part, build_batch, fingerprint, kernelbench_way, run_batch
-from kb_gym.batch_report import format_batch, merge_parts
+from kb_gym.batch_report import format_batch, merge_parts, summarize
 
 
 def test_the_batch_is_four_candidates_a_problem_with_our_triton_solutions():
@@ -72,6 +72,17 @@ def test_parts_measured_in_separate_runs_add_up_to_the_batch(tmp_path):
 
     with pytest.raises(SystemExit, match="--merge: parts"):  # the command says what is wrong, no traceback
         main(["bench", "--merge", str(files[0])])
+
+
+def test_a_candidates_own_time_leaves_out_its_waits_for_a_worker_and_for_the_device():
+    """Cache hits are evaluated four at once after the batch: a hit that waited 2 s for the device another
+    worker held is not a 2 s slower hit."""
+    report = _part(1, 1, 10.0, 100.0, 0.5)
+    report["cuda_again"][0]["stages"].update(queue=0.25, device_wait=0.5)
+    report["rows"][1]["stages"]["device_wait"] = 0.3
+    targets = summarize(report)["targets"]
+    assert targets["cuda_cache_hit_total_s"] == 1.0 - 0.25 - 0.5
+    assert targets["cuda_cold_total_s"] == 2.0 - 0.5 - 0.3
 
 
 def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_beside_it(monkeypatch, tmp_path):

@@ -104,6 +104,25 @@ def test_a_precompiled_header_variant_is_chosen_only_for_flags_it_matches():
                    {"extra_include_paths": ["inc"]}, {"no_implicit_headers": True}, {"use_pch": True}):
         assert pch.variant_for(None, kwargs) is None, kwargs
     assert set(pch.VARIANTS) >= {"cpp", "cpp-O3", "cuda", "cuda-O3"}
+    # KernelBench's example answer passes blank flags: they change no compile, so the header still serves
+    assert pch.variant_for("__global__ void k() {}", {"extra_cflags": [""], "extra_ldflags": [""]}) == "cuda"
+    assert pch.variant_for(None, {"extra_cflags": ["", "-O3"]}) == "cpp-O3"
+
+
+def test_a_cuda_judge_starts_the_cuda_header_before_any_candidate_asks(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(pch, "start_build", lambda root, variant: started.append((root, variant)) or True)
+    assert pch.prebuild(tmp_path, "cuda") and started == [(tmp_path, "cuda")]
+    assert not pch.prebuild(tmp_path, "cpu") and not pch.prebuild(None, "cuda") and len(started) == 1
+    # what the batch benchmark waits for before its clock: ready, failed, or out of time
+    assert not pch.wait_ready(None, "cuda", 5.0)
+    (tmp_path / "cuda.failed").write_text("no compiler")
+    t0 = time.monotonic()
+    assert not pch.wait_ready(tmp_path, "cuda", 5.0) and time.monotonic() - t0 < 1.0
+    (tmp_path / "cpp").mkdir()
+    assert not pch.wait_ready(tmp_path, "cpp", 0.6)
+    (tmp_path / "cpp" / pch.READY).write_text("{}")
+    assert pch.wait_ready(tmp_path, "cpp", 0.0)
 
 
 def test_the_runners_header_record_is_cut_to_known_variant_names():

@@ -150,6 +150,13 @@ def get_init_inputs():
 """
 
 
+def headers_root(device: torch.device, extensions: Path | None = None) -> Path | None:
+    """The precompiled headers' folder for builds on ``device`` beside the build cache ``extensions`` (this
+    judge's by default; pch.root_for), None where there is none."""
+    extensions = extensions if extensions is not None else build_cache.extensions_root()
+    return pch.root_for(extensions, build_cache.toolchain(device), device.type)
+
+
 def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
     """One job before the first real one (with a candidate through a runner, where the judge has them),
     then freeze the heap.
@@ -157,7 +164,8 @@ def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
     The first job imports hundreds of modules lazily (the flop counter pulls in sympy and dynamo);
     paying that at start-up keeps it out of the first candidate's stage times. Freezing what is
     alive afterwards takes it out of the collector's sight, so the full collection after every job
-    costs ~1 ms instead of ~170 ms."""
+    costs ~1 ms instead of ~170 ms. A CUDA judge also starts the machine's precompiled header for CUDA
+    candidates' builds, once (pch.prebuild)."""
     source = _WARM_UP_PROBLEM.replace("class Model(", "class ModelNew(") if ctx.pool is not None else None
     job = {"job_id": 0, "problem_code": _WARM_UP_PROBLEM, "problem_key": "warm_up", "source": source, "seed": 0,
            "config": {**config, "trials": 1, "timing_warmup": 1, "timing_min_reps": 3, "timing_max_reps": 3}}
@@ -166,6 +174,8 @@ def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
         run_job(ctx, job)
     finally:
         ctx.send = send
+    if ctx.pool is not None:
+        pch.prebuild(headers_root(ctx.device), ctx.device.type)
     ctx.jobs_done = 0
     gc.collect()
     gc.freeze()
@@ -265,7 +275,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic())
         tools = build_cache.toolchain(device)
-        headers = pch.root_for(build_cache.extensions_root(), tools, device.type)
+        headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
             state["pch_removed"] = pch.verify(headers)
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
