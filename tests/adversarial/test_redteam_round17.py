@@ -321,7 +321,7 @@ import torch.nn as nn
 
 class Model(nn.Module):
     def forward(self, x):
-        return torch.ones(128, 128, dtype=torch.complex64) * (1.0 + 0.02 * x.mean())
+        return torch.ones(128, 128, dtype=torch.complex64, device=x.device) * (1.0 + 0.02 * x.mean())
 
 def get_inputs():
     return [torch.randn(1024, 1024)]
@@ -336,7 +336,7 @@ import torch.nn as nn
 
 class Model(nn.Module):
     def forward(self, x):
-        return torch.ones(128, 128) * (1.0 + 0.02 * x.mean())
+        return torch.ones(128, 128, device=x.device) * (1.0 + 0.02 * x.mean())
 
 def get_inputs():
     return [torch.randn(1024, 1024)]
@@ -373,7 +373,7 @@ def get_init_inputs():
 ZEROS_COMPLEX = HEAD + """
 class ModelNew(nn.Module):
     def forward(self, x):
-        return torch.zeros(x.shape, dtype=torch.complex64)
+        return torch.zeros(x.shape, dtype=torch.complex64, device=x.device)
 """
 
 
@@ -384,12 +384,12 @@ def test_honest_on_the_complex_problems_is_correct(ev, problem):
 
 
 def test_a_memorised_real_answer_is_caught(ev):
-    r = ev.evaluate(NEAR_CONSTANT_REAL, FIRST_ANSWER_KEPT.format(expr="torch.ones(128, 128)"), config=TIMED)
+    r = ev.evaluate(NEAR_CONSTANT_REAL, FIRST_ANSWER_KEPT.format(expr="torch.ones(128, 128, device=x.device)"), config=TIMED)
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
 
 
 def test_a_memorised_complex_answer_is_caught(ev):
-    code = FIRST_ANSWER_KEPT.format(expr="torch.ones(128, 128, dtype=torch.complex64)")
+    code = FIRST_ANSWER_KEPT.format(expr="torch.ones(128, 128, dtype=torch.complex64, device=x.device)")
     r = ev.evaluate(NEAR_CONSTANT_COMPLEX, code, config=TIMED)
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
 
@@ -446,7 +446,7 @@ def test_the_input_on_scaled_rows_is_caught_in_spot_checked_timed_outputs(ev):
 
 
 COMPLEX_AFTER_THE_RERUN = after_the_rerun(
-    "return torch.ones(128, 128, dtype=torch.complex64) * (1.0 + 0.02 * x.mean())", """
+    "return torch.ones(128, 128, dtype=torch.complex64, device=x.device) * (1.0 + 0.02 * x.mean())", """
 if not hasattr(self, "kept"):
     self.kept = self.honest(x)
 return self.kept.clone()

@@ -151,7 +151,11 @@ def test_a_calibration_measured_beside_another_workers_candidate_does_not_judge_
         results += [f.result() for f in later]
     for r in results:
         assert r.status == "correct", (r.status, r.error)  # right answers: only the times are lies
-        assert "side_stream" in r.flags or r.speedup < 2.0, (r.speedup, r.flags, r.correctness["envelope"])
+        # No reward for the lie. On the CPU the burst check charges it (side_stream); on the H200 the time lie
+        # itself still gets through (round 4's open hole, 162x in session 26), and what denies it credit there
+        # is that PyTorch computed the answer (token_kernel, the dataflow stage).
+        assert "side_stream" in r.flags or r.speed_credit is False or r.speedup < 2.0, (
+            r.speedup, r.flags, r.correctness["envelope"])
 
 
 # --- 3. the results store takes whatever backend names the runner reports -------------------------------------
