@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kb_gym.worker.checks import compare_outputs, judge_against_float64, near_miss, reference_is_inexact
+from kb_gym.worker.correctness import input_views, is_input, trivial_outputs
 
 TOL = (1e-4, 1e-4)
 
@@ -74,3 +75,19 @@ def test_errors_are_measured_on_the_finite_differences_only_and_equal_infinities
     nan = y.clone()
     nan[7] = float("nan")
     assert not compare_outputs(nan, x, 1e-4, 1e-4).ok
+
+
+def test_inputs_in_the_outputs_layouts_are_trivial_outputs():
+    """Round 17: ``(x + 1e-6 tanh(x @ x)).t()`` answered with ``x.t()`` was correct at 4-10x. An input transposed or
+    reshaped to an output's shape is free to return, so it is held as a trivial output; integer inputs and layouts
+    no output has are not."""
+    x, idx = torch.randn(4, 6), torch.arange(24)
+    out_t, out_flat = torch.zeros(6, 4), torch.zeros(24)
+    views = input_views([x, idx, 3.0], [out_t, out_flat])
+    assert [tuple(v.shape) for v in views] == [(4, 6), (6, 4), (6, 4), (24,)]  # as shaped, transposed, reshaped
+    assert all(v.data_ptr() == x.data_ptr() for v in views)  # views, not copies
+    assert [tuple(v.shape) for v in input_views([x], [torch.zeros(4, 6)])] == [(4, 6)]
+    assert [tuple(v.shape) for v in trivial_outputs(out_t, [x])] == [(6, 4), (4, 6), (6, 4), (6, 4)]  # zeros first
+    assert is_input([x], x.t() + 1e-7, *TOL) and not is_input([x], torch.randn(6, 4), *TOL)
+    # a layout that is the answer exactly is data movement (a transpose problem), not a shortcut: left out
+    assert [tuple(v.shape) for v in input_views([x], [x.t().contiguous()])] == [(4, 6), (6, 4)]  # the reshape only

@@ -218,10 +218,39 @@ def _determinism_rerun(setup: TrialSetup, last: tuple[int, list[Any], Any], resu
 
 
 def is_input(inputs: list[Any], ref_out: Any, atol: float, rtol: float) -> bool:
+    """Whether the one output is an input, as shaped or in another layout (input_views), within the tolerance."""
     outs = flatten_outputs(ref_out)
-    return len(outs) == 1 and any(
-        isinstance(x, torch.Tensor) and inexact(x) and tuple(x.shape) == tuple(outs[0].shape)
-        and compare_outputs(x, outs[0], atol, rtol).ok for x in inputs)
+    return len(outs) == 1 and any(compare_outputs(x, outs[0], atol, rtol).ok for x in input_views(inputs, outs))
+
+
+def input_views(inputs: list[Any], refs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every floating (or complex) input, and where the outputs take another layout of its elements, that layout:
+    the input with its last two dimensions swapped, or reshaped to an output's shape of the same element count.
+    Each is free to return (a view), so where one passes an output's tolerance it is a trivial output (round 17:
+    ``(x + 1e-6 tanh(x @ x)).t()`` answered with ``x.t()``, correct at 4.2-10.2x). A layout that is an output
+    exactly is left out: the problem is then data movement (a transpose), whose honest kernels keep their credit
+    (round 15), while the free view itself launches no kernel of the candidate's (the dataflow stage). No list of
+    layouts is complete (a flip, a slice)."""
+    answers = [r for r in refs if inexact(r)]
+    shapes = {tuple(r.shape) for r in answers}
+    views: list[torch.Tensor] = []
+    for x in inputs:
+        if not (isinstance(x, torch.Tensor) and inexact(x)):
+            continue
+        views.append(x)
+        others = [x.transpose(-2, -1)] if x.dim() >= 2 and tuple(x.transpose(-2, -1).shape) in shapes else []
+        others += [x.reshape(shape) for shape in sorted(shapes)
+                   if shape != tuple(x.shape) and x.numel() == _numel(shape) and x.is_contiguous()]
+        views += [v for v in others if not any(v.shape == r.shape and v.dtype == r.dtype and torch.equal(v, r)
+                                               for r in answers)]
+    return views
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _widened_trial(setup: TrialSetup, seed: int, result: dict[str, Any], state: dict[str, Any],
@@ -273,9 +302,9 @@ def _counting_flops(model: Any, inputs: list[Any]) -> tuple[Any, int | None]:
 def trivial_outputs(ref_out: Any, inputs: list[Any]) -> list[torch.Tensor]:
     refs = flatten_outputs(ref_out)
     trivial = [torch.zeros_like(r) for r in refs if inexact(r)]
-    # every input, not the first only (round 17: ``b + 1e-6 tanh(a @ a)`` answered with ``b``, 10-16x, correct);
-    # the comparisons take those of an output's shape
-    trivial += [x for x in inputs if isinstance(x, torch.Tensor) and inexact(x)]
+    # every input, not the first only (round 17: ``b + 1e-6 tanh(a @ a)`` answered with ``b``, 10-16x, correct), and
+    # in the outputs' layouts (input_views); the comparisons take those of an output's shape
+    trivial += input_views(inputs, refs)
     return trivial
 
 

@@ -46,7 +46,8 @@ Got through (3 of 3 each; 6, 7 and 9 fixed in the same session, 8 still a strict
 8. The same for the input transposed: ``(x + 1e-6 tanh(x @ x)).t()`` answered with ``x.t()``: ``correct``,
    4.2-10.2x. Fix: also hold inputs of the output's element count reshaped, and 2-D inputs transposed, as trivial
    outputs (a cheap list; no list is complete, so the audit should report problems where rel L2 of the answer to any
-   input view is under ``rtol``).
+   input view is under ``rtol``). Fixed in session 26 (``correctness.input_views``): ``unverifiable_output``, no
+   speed credit under ``strict``.
 9. Complex outputs get no degenerate checks: ``trivial_outputs``, the trials' ``answers``, ``_sample_places`` and
    ``timed_output_check``'s kept answers all keep ``is_floating_point()`` tensors only, and that is False for
    complex. ``ones(128, 128, complex64) * (1 + 0.02 mean(x))`` answered with the first call's answer for ever:
@@ -302,15 +303,39 @@ def test_honest_on_the_unlisted_trivial_problems_is_correct(ev, problem):
     assert r.status == "correct", (r.status, r.flags, r.error)
 
 
-# The second input is a trivial output since session 25 (correctness.trivial_outputs lists every input).
+# The second input is a trivial output since session 25 (correctness.trivial_outputs lists every input), an input
+# in an output's layout (transposed, reshaped) since session 26 (correctness.input_views).
 @pytest.mark.parametrize("problem,code", [
     (SECOND_INPUT, RETURN_B),
-    pytest.param(TRANSPOSED, RETURN_XT, marks=pytest.mark.xfail(
-        strict=True, reason="open: trivial_outputs holds inputs as shaped, not transposed or reshaped")),
+    (TRANSPOSED, RETURN_XT),
 ], ids=["second_input", "transposed"])
 def test_an_unlisted_trivial_output_is_caught(ev, problem, code):
     r = ev.evaluate(problem, code, config=TIMED)
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.speedup, r.flags)
+
+
+PURE_TRANSPOSE = Problem(id=39, name="39_Transpose", level=1, code="""
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x.t().contiguous()
+
+def get_inputs():
+    return [torch.randn(256, 384)]
+
+def get_init_inputs():
+    return []
+""")
+
+
+def test_a_transpose_problem_keeps_its_honest_answers_verifiable(ev):
+    """Where the answer is an input in another layout exactly, that layout is not a trivial output: the problem is
+    data movement, and an honest transpose keeps its credit (round 15's honest transpose kernel)."""
+    r = ev.evaluate(PURE_TRANSPOSE, reference_as_candidate(PURE_TRANSPOSE), config=TIMED)
+    assert r.status == "correct", (r.status, r.flags, r.error)
+    assert "unverifiable_output" not in r.flags and "degenerate_problem" not in r.flags, r.flags
 
 
 # --- complex outputs ------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after
 from test_redteam_round4 import FIND_RUNNER, LIE_UNDER_THE_FLOOR
 
 from kb_gym import Evaluator, Problem
+from kb_gym.integrity.policy import get_policy
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
@@ -153,8 +154,10 @@ def test_a_calibration_measured_beside_another_workers_candidate_does_not_judge_
         assert r.status == "correct", (r.status, r.error)  # right answers: only the times are lies
         # No reward for the lie. On the CPU the burst check charges it (side_stream); on the H200 the time lie
         # itself still gets through (round 4's open hole, 162x in session 26), and what denies it credit there
-        # is that PyTorch computed the answer (token_kernel, the dataflow stage).
-        assert "side_stream" in r.flags or r.speed_credit is False or r.speedup < 2.0, (
+        # is that PyTorch computed the answer (token_kernel, the dataflow stage; TIMED judges under the "off"
+        # policy, so the flag is asked for, not speed_credit).
+        denied = {f for f in r.flags if get_policy("strict").action(f) == "no_speed_credit"}
+        assert "side_stream" in r.flags or denied or r.speedup < 2.0, (
             r.speedup, r.flags, r.correctness["envelope"])
 
 
