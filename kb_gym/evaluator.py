@@ -439,6 +439,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       build_kept=runner["build_kept"] if runner.get("build_kept") in ("at_load", "at_exit") else None,
                       shm_payloads=int(runner.get("shm_payloads") or 0),
                       payload_pinned=bool(runner.get("payload_pinned")),
+                      # per memfd payload: the runner's copy in, the judge's mapping, its copy out and hash
+                      payload_seconds=_payload_seconds(runner.get("payload_seconds")),
                       digest="device" if runner.get("digest") == "device" else "host",
                       launch_shim=bool(runner.get("launch_shim")),  # own launches counted per launch (launch_shim.py)
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},
@@ -448,6 +450,12 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
         if runner.get("zygote_error"):
             fields["zygote_error"] = runner["zygote_error"]
     return fields
+
+
+def _payload_seconds(value: Any) -> dict[str, list[float]]:
+    parts = value if isinstance(value, dict) else {}
+    return {k: [float(x) for x in parts.get(k) or [] if isinstance(x, int | float)][:64]
+            for k in ("runner_copy", "judge_map", "copy_out")}
 
 
 def _problem_fields(problem: Problem) -> dict[str, Any]:

@@ -33,7 +33,7 @@ with Evaluator("cuda:0", results_path=False) as ev:
             r = ev.evaluate(problem, reference_as_candidate(problem))
             stages = {k: round(v, 2) for k, v in r.stage_seconds.items()}
             worker = {k: r.worker.get(k) for k in ("launch_shim", "digest", "digest_note", "shm_payloads",
-                                                    "payload_pinned", "overhead_ms")}
+                                                    "payload_pinned", "overhead_ms", "payload_seconds")}
             timing = {"reps": r.timing_reps, "host_ms": r.host_runtime_ms, "ref_host_ms": r.ref_host_runtime_ms,
                       "baseline_cached": r.baseline_cached, "ci": r.speedup_ci}
             print(f"{key} #{attempt} {r.status} speedup {r.speedup} wall {time.perf_counter() - t0:.1f}s "

@@ -215,6 +215,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
+                                "payload_seconds": runner.payload_seconds,
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},

@@ -130,6 +130,8 @@ def _pch_record(value: Any) -> dict[str, list[str]]:
         got.get(key), list) else [] for key in ("used", "wanted")}
 
 
+PAYLOAD_NOTES = 64  # per-call payload seconds kept per runner (result.worker["payload_seconds"])
+
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
@@ -159,6 +161,9 @@ class RunnerProcess:
         self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
                         if payload_fd is not None else None)
         self.shm_payloads = 0  # calls whose outputs came through the memfd
+        # where a memfd payload's time goes, per call (at most PAYLOAD_NOTES): the runner's copy into it after "done"
+        # (its mapping and page-locking on its first call), the judge's mapping, the judge's copy out and its hash
+        self.payload_seconds: dict[str, list[float]] = {"runner_copy": [], "judge_map": [], "copy_out": []}
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
@@ -345,8 +350,12 @@ class RunnerProcess:
             if timed and chunk_bytes:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
+            t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
-            if commitment(tensors, nonce, self.device_digest) != msg.get("commitment"):
+            committed = commitment(tensors, nonce, self.device_digest)
+            if msg.get("payload_via") == "shm":
+                self._note_payload("copy_out", t_out)
+            if committed != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
                                  "when it reported the call done: its time did not cover computing them",
                                  flags=("tampering",))
@@ -480,17 +489,26 @@ class RunnerProcess:
         when it says they follow through the pipe instead (its copy into the memfd failed)."""
         if self.payload is None:
             raise WireError("the runner sent its outputs through shared memory it was never given")
+        t_wait = time.perf_counter()
         msg = self._read(transfer_wait(nbytes, timeout))
+        self._note_payload("runner_copy", t_wait)
         if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
             raise WireError(f"expected the outputs' {nbytes:,} bytes in shared memory, got {str(msg)[:200]}")
         if msg.get("via") == "pipe":
             return None
+        t_map = time.perf_counter()
         try:
             view = self.payload.view(nbytes)
         except (ValueError, OSError) as exc:  # a size it did not write, a seal that forbids mapping: the runner's
             raise WireError(str(exc)) from None
+        self._note_payload("judge_map", t_map)
         self.shm_payloads += 1
         return view
+
+    def _note_payload(self, part: str, since: float) -> None:
+        seconds = self.payload_seconds[part]
+        if len(seconds) < PAYLOAD_NOTES:
+            seconds.append(round(time.perf_counter() - since, 4))
 
     def _receive_buffer(self, nbytes: int) -> tuple[torch.Tensor, memoryview]:
         """A buffer for the payload. Large pageable ones are kept for the next call of the same size (every

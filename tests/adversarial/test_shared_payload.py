@@ -176,6 +176,10 @@ def test_an_honest_large_output_crosses_through_shared_memory_and_is_judged_as_t
     assert pipe.status == "correct" and set(pipe.flags) == set(shm.flags)
     # the trials' and the rerun's outputs came through the memfd; with the pipe, none did
     assert shm.worker["shm_payloads"] >= 3 and pipe.worker["shm_payloads"] == 0
+    # where each memfd payload's time went: one entry per part and payload, none through the pipe
+    seconds = shm.worker["payload_seconds"]
+    assert all(len(seconds[k]) == shm.worker["shm_payloads"] for k in ("runner_copy", "judge_map", "copy_out"))
+    assert all(x >= 0 for v in seconds.values() for x in v) and not any(pipe.worker["payload_seconds"].values())
 
 
 # Seals the runner's payload memfd against writes and growth. F_SEAL_WRITE fails (EBUSY) while a writable shared
