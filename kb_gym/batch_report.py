@@ -25,6 +25,14 @@ def _own(row: dict[str, Any]) -> float:
     return row["total_s"] - stages.get("queue", 0.0) - stages.get("device_wait", 0.0)
 
 
+def _sums(parts: list[dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for part in parts:
+        for name, seconds in part.items():
+            total[name] = total.get(name, 0.0) + seconds
+    return total
+
+
 def _startup_phases(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     phases: dict[str, list[float]] = {}
     for row in rows:
@@ -49,6 +57,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         stage_median_s={k: statistics.median(v) for k, v in stages.items()},
         # where a runner's start-up goes (medians over the candidates' runners; what spare_wait waits for)
         runner_startup_median_s={k: statistics.median(v) for k, v in _startup_phases(rows).items()},
+        # the correctness stage's parts, summed over the batch (correctness.run_trials)
+        correctness_total_s=_sums([r.get("correctness_seconds") or {} for r in rows]),
+        # each memfd payload's parts, summed over the batch (runner_client: runner copy, judge map, copy out)
+        payload_total_s=_sums([{k: sum(v) for k, v in (r.get("payload_seconds") or {}).items()} for r in rows]),
         statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
         build_cache_hits=sum(r["build_cached"] for r in rows),
         # hits whose build the runner found up to date; the rest were built again all the same
@@ -109,6 +121,10 @@ def format_batch(report: dict[str, Any]) -> str:
              "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
              "runner start-up medians (s): " + (", ".join(f"{k} {v:.3f}" for k, v in
                                                       report.get("runner_startup_median_s", {}).items()) or "-"),
+             "correctness stage, summed (s): " + (", ".join(f"{k} {v:.1f}" for k, v in
+                                                          report.get("correctness_total_s", {}).items()) or "-"),
+             "memfd payloads, summed (s): " + (", ".join(f"{k} {v:.1f}" for k, v in
+                                                       report.get("payload_total_s", {}).items()) or "-"),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "

@@ -39,4 +39,5 @@ with Evaluator("cuda:0", results_path=False) as ev:
             print(f"{key} #{attempt} {r.status} speedup {r.speedup} wall {time.perf_counter() - t0:.1f}s "
                   f"runtime {r.runtime_ms} ref {r.ref_runtime_ms} flags {r.flags}\n  stages {json.dumps(stages)}\n"
                   f"  worker {json.dumps(worker, default=str)}\n  timing {json.dumps(timing, default=str)}\n"
+                  f"  correctness seconds {json.dumps(r.correctness.get('seconds'))}\n"
                   f"  envelope {json.dumps(r.correctness.get('envelope'), default=str)[:400]}", flush=True)

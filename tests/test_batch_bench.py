@@ -97,6 +97,8 @@ def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_
     assert report["speedup_over_kernelbench_way"] > 0 and report["gpu_busy"] is None
     assert "KernelBench way" in format_batch(report) and os.path.getsize(tmp_path / "batch.json") > 100
     # where each runner's start-up went (what the timing stage's spare_wait waits for), from the judge's request
+    parts = report["correctness_total_s"]  # where the correctness stage went, summed over the batch
+    assert parts["candidate"] > 0 and parts["reference"] > 0 and "correctness stage, summed" in format_batch(report)
     startup = report["runner_startup_median_s"]
     assert {"until_ready", "sandbox", "seccomp"} <= set(startup) and startup["until_ready"] >= startup["sandbox"] > 0
 

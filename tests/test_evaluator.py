@@ -57,6 +57,10 @@ def test_triton_solution_is_correct_and_timed(ev, relu):
     assert lo <= hi
     assert r.device == "cpu" and r.hardware["hash"] and r.hardware["torch"]
     assert {"load", "correctness", "timing", "total"} <= set(r.stage_seconds)
+    # where the correctness stage went: its parts add up to no more than it
+    parts = r.correctness["seconds"]
+    assert {"inputs", "reference", "candidate", "judge", "extra", "total"} == set(parts) and parts["candidate"] > 0
+    assert sum(v for k, v in parts.items() if k != "total") <= parts["total"] + 1e-3 <= r.stage_seconds["correctness"] + 2e-3
     assert r.problem_name == "1_ReLU" and r.level == 1 and r.problem_id == 1 and len(r.source_hash) == 16
     assert "speedup" in r.feedback
 

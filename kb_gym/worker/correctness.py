@@ -102,6 +102,11 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     trials = len(seeds)
     report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0,
                               "rel_l2_err": 0.0}
+    # where the stage's time goes, summed over the trials (the rerun and the widened trial in "extra"): the judge's
+    # inputs and reference forwards, the candidate's calls with their outputs' crossing, the judge's comparisons
+    spent = dict.fromkeys(("inputs", "reference", "candidate", "judge", "extra"), 0.0)
+    report["seconds"] = spent
+    began = time.perf_counter()
     result["correctness"] = report
     degenerate = identity = unverifiable = False
     previous: list[torch.Tensor] = []
@@ -112,7 +117,10 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     counts: dict[str, Any] = {"launches": 0, "backends": set()}
     last: tuple[int, list[Any], Any] | None = None
     for trial, seed in enumerate(seeds):
+        t0 = time.perf_counter()
         inputs = make_inputs(setup.ref_mod, seed, device, dtype)
+        t1 = time.perf_counter()
+        spent["inputs"] += t1 - t0
         with torch.no_grad():
             if trial == 0:
                 ref_out, flops = _counting_flops(ref_model, clone_inputs(inputs))
@@ -121,6 +129,9 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
                 state["ref_out_bytes"] = sum(t.numel() * t.element_size() for t in flatten_outputs(ref_out))
             else:
                 ref_out = ref_model(*clone_inputs(inputs))
+        _sync(device)
+        t2 = time.perf_counter()
+        spent["reference"] += t2 - t1
         try:
             reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"],
                                       check_mutation=True)
@@ -128,6 +139,9 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
             if exc.status in ("runtime_error", "incorrect"):
                 exc.message = f"trial {trial + 1}/{trials}: {exc.message}"
             raise
+        finally:
+            spent["candidate"] += time.perf_counter() - t2
+        t3 = time.perf_counter()
         note_reply(reply, result, counts)
         cand_out = reply.outputs
         refs = flatten_outputs(ref_out)
@@ -161,6 +175,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
             pairs += 1
             coincident_pairs += coincide
         earlier = last = None
+        spent["judge"] += time.perf_counter() - t3
         if failed_trial is not None:
             report["failed_trial"] = failed_trial
             report["reason"] = cmp.reason
@@ -178,6 +193,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         del cand_out, ref_out
     # Answers that never move between inputs leave a kernel indistinguishable from a memorised answer.
     unverifiable |= pairs > 0 and coincident_pairs == pairs
+    extra_from = time.perf_counter()
     if last is not None:
         _determinism_rerun(setup, last, result, state, counts)
     if identity and result.get("status") != "incorrect":
@@ -186,6 +202,8 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         # The timed calls then run on such inputs too (job._timing): a forward that told this trial by its values
         # (both signs) computed here and returned its input in every timed call, and passed them all (round 12).
         state["widen"] = widened is not None
+    spent["extra"] = time.perf_counter() - extra_from
+    report["seconds"] = {k: round(v, 4) for k, v in spent.items()} | {"total": round(time.perf_counter() - began, 4)}
     if degenerate:
         result["flags"].append("degenerate_problem")
     if unverifiable and result.get("status") != "incorrect":
@@ -215,6 +233,12 @@ def _determinism_rerun(setup: TrialSetup, last: tuple[int, list[Any], Any], resu
         result["flags"].append("nondeterministic")
         result.update(status="incorrect",
                       error=f"a second run on the same inputs gave a different answer: {cmp.reason}")
+
+
+def _sync(device: torch.device) -> None:
+    """The reference's forward finished before its time is read (a GPU runs it asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def is_input(inputs: list[Any], ref_out: Any, atol: float, rtol: float) -> bool:
