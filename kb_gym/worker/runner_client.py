@@ -135,7 +135,8 @@ PAYLOAD_NOTES = 64  # per-call payload seconds kept per runner (result.worker["p
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
-    def __init__(self, device: str, scratch_root: Path, zygote: Any = None) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: Any = None,
+                 payloads: payload.PayloadPool | None = None) -> None:
         self.device = device
         self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
         self.torch_device = torch.device(device)
@@ -157,9 +158,16 @@ class RunnerProcess:
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
-        payload_fd = payload.create()  # large outputs come back through it (payload.py)
-        self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
-                        if payload_fd is not None else None)
+        # large outputs come back through a memfd (payload.py): the judge's kept one, with its pages, where it has one
+        self._payloads = payloads
+        if payloads is not None:
+            self.payload, self.payload_recycled = payloads.take()
+        else:
+            fd = payload.create()
+            self.payload = payload.PayloadReader(fd, pin=payload.pin_wanted(device)) if fd is not None else None
+            self.payload_recycled = False
+        payload_fd = self.payload.fd if self.payload is not None else None
+        self.scrub_seconds = 0.0  # zeroing the memfd for the next runner, once this one's tree is gone
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         # where a memfd payload's time goes, per call (at most PAYLOAD_NOTES): the runner's copy into it after "done"
         # (its mapping and page-locking on its first call), the judge's mapping, the judge's copy out and its hash
@@ -174,6 +182,9 @@ class RunnerProcess:
             try:
                 self.pid = zygote.spawn(device, str(self.scratch), env, namespaces,
                                         [ends[0][0], ends[1][1], ends[2][1], *extra])
+            except BaseException:
+                self._drop_payload()
+                raise
             finally:
                 for fd in (ends[0][0], ends[1][1], ends[2][1]):
                     os.close(fd)
@@ -189,9 +200,14 @@ class RunnerProcess:
                    "--device", device, "--scratch", str(self.scratch), *isolation]
             if payload_fd is not None:
                 env[payload.ENV_FD] = str(payload_fd)
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         env=env, start_new_session=True, close_fds=True, cwd=str(self.scratch),
-                                         pass_fds=(payload_fd,) if payload_fd is not None else ())
+            try:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,
+                                             cwd=str(self.scratch),
+                                             pass_fds=(payload_fd,) if payload_fd is not None else ())
+            except BaseException:
+                self._drop_payload()
+                raise
             self.pid = self.proc.pid
             self.stdin_fd, stdout_fd, stderr = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr
         _widen_pipe(stdout_fd)
@@ -550,15 +566,18 @@ class RunnerProcess:
         finally:
             sandbox.thaw(procs)
 
+    def _drop_payload(self) -> None:
+        """Close the memfd, never kept (a runner whose start failed may still have been forked with it)."""
+        if self.payload is not None:
+            self.payload.close()
+            os.close(self.payload.fd)
+            self.payload = None
+
     def kill(self, keep: Callable[[Path], None] | None = None) -> None:
         """End the runner and every process of its tree, and remove its scratch folder; ``keep`` is called
         with the scratch folder once the whole tree is gone (nothing of the candidate can change it then) and
         before the folder is removed."""
         self._large_buffer = None
-        if self.payload is not None:
-            self.payload.close()
-            os.close(self.payload.fd)
-            self.payload = None
         # Every process of the tree, not only the runner, is gone before the next candidate is judged: a SIGKILL
         # lands when a process leaves the kernel, and children inside a long system call (MAP_POPULATE: seconds)
         # ran on beside the next candidate's calibration (round 4: its tolerance 11 ms instead of ~2).
@@ -579,6 +598,12 @@ class RunnerProcess:
                     pass
             self._fds = []
         gone = sandbox.wait_gone(tree, timeout=10.0)
+        if self.payload is not None:  # to the judge's pool once no process of the candidate can touch it
+            if self._payloads is not None:
+                self.scrub_seconds = self._payloads.give_back(self.payload, gone)
+                self.payload = None
+            else:
+                self._drop_payload()
         if keep is not None and gone:
             try:
                 keep(self.scratch)

@@ -157,6 +157,24 @@ def ev():
         yield e
 
 
+@pytest.fixture(scope="module")
+def fresh_ev():
+    """Judges that give every runner a fresh memfd (KB_GYM_PAYLOAD_KEEP=0). A memfd kept from an earlier runner is
+    mapped by the judge already, and a shared mapping makes F_SEAL_WRITE fail (EBUSY): the sealing attacks below
+    cannot even start there, so they are met where they can."""
+    before = os.environ.get("KB_GYM_PAYLOAD_KEEP")
+    os.environ["KB_GYM_PAYLOAD_KEEP"] = "0"
+    try:
+        e = Evaluator(DEVICE, results_path=False, baseline_cache=False).warm()  # its judges read it as they start
+    finally:
+        if before is None:
+            os.environ.pop("KB_GYM_PAYLOAD_KEEP", None)
+        else:
+            os.environ["KB_GYM_PAYLOAD_KEEP"] = before
+    with e:
+        yield e
+
+
 def _candidate(after_forward: str) -> str:
     """The reference copy, doing something to the payload memfd (fd 3 or whatever it is) after each forward."""
     return reference_as_candidate(SIX_MB).replace("        return x + 1", f"""        out = x + 1
@@ -231,7 +249,9 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, name):
+def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, fresh_ev, name):
+    if name == "seal_the_memfd":
+        ev = fresh_ev
     r = ev.evaluate(SIX_MB, _candidate(HOSTILE[name]), config=CONFIG)
     assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
     if name == "seal_the_memfd":  # nothing crosses the memfd, and the verdict is the honest one
@@ -255,7 +275,8 @@ STALL_AFTER_DONE = SEAL + '''
             os._stalls = True'''
 
 
-def test_a_runner_that_stalls_after_done_holds_the_judge_no_longer_than_the_stage_or_the_bytes_need(ev):
+def test_a_runner_that_stalls_after_done_holds_the_judge_no_longer_than_the_stage_or_the_bytes_need(fresh_ev):
+    ev = fresh_ev
     short = CONFIG.replace(correctness_timeout=8.0, timing=False)
     r = ev.evaluate(SIX_MB, _candidate(STALL_AFTER_DONE), config=short)
     assert r.status in ("timeout", "crash"), (r.status, r.error)
@@ -265,3 +286,56 @@ def test_a_runner_that_stalls_after_done_holds_the_judge_no_longer_than_the_stag
     assert waited < 17, (r.stage_seconds, r.status, r.error)
     honest = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG)
     assert honest.status == "correct", honest.error
+
+
+# A message left in the memfd for whichever candidate gets it next: every byte of it filled after each forward.
+FILL_THE_MEMFD = '''
+        import mmap, os
+        for fd in range(3, 1024):
+            try:
+                if "kb_gym_payload" in os.readlink(f"/proc/self/fd/{fd}"):
+                    size = os.fstat(fd).st_size
+                    region = mmap.mmap(fd, size)
+                    region[:] = b"Z" * size
+                    region.close()
+            except OSError:
+                pass'''
+
+# Reads its memfd before its first forward, and refuses to run where the filler's bytes are there. (Other bytes may
+# be: a spare's memfd holds the reference's outputs of the envelope's calibration, which the spare ran before the
+# candidate got it; the reference is the candidate's to run anyway, and those inputs are never asked again.)
+READ_THE_MEMFD_FIRST = '''import mmap, os
+for _fd in range(3, 1024):
+    try:
+        if "kb_gym_payload" in os.readlink(f"/proc/self/fd/{_fd}"):
+            _size = os.fstat(_fd).st_size
+            if _size and b"Z" * 64 in mmap.mmap(_fd, _size, prot=mmap.PROT_READ)[:]:
+                raise RuntimeError("an earlier candidate's bytes are in this runner's memfd")
+    except OSError:
+        pass
+''' + reference_as_candidate(SIX_MB)
+
+
+def test_a_memfd_kept_for_the_next_runner_carries_nothing_of_the_last_candidate():
+    """Kept memfds (payload.PayloadPool) go to the runner started after the next: so the candidate that fills its
+    memfd is followed by three that look in theirs first, on one judge. Each finds zeros, and the kept memfds came
+    into use."""
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
+        filler = e.evaluate(SIX_MB, _candidate(FILL_THE_MEMFD), config=CONFIG)
+        readers = [e.evaluate(SIX_MB, READ_THE_MEMFD_FIRST, config=CONFIG) for _ in range(3)]
+    assert filler.worker["shm_payloads"] >= 1, (filler.status, filler.error)
+    for r in readers:
+        assert r.status == "correct", (r.status, r.error)
+    assert any(r.worker["payload_recycled"] for r in readers), [r.worker["payload_recycled"] for r in readers]
+    assert all(r.worker["shm_payloads"] >= 1 for r in readers)
+
+
+def test_a_memfd_its_runner_sealed_is_not_kept_for_the_next():
+    """A memfd sealed against writes would make every later runner's outputs cross the pipe: it is closed, not
+    kept, and the honest candidates after it still use shared memory."""
+    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
+        sealed = e.evaluate(SIX_MB, _candidate(SEAL), config=CONFIG)
+        after = [e.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG) for _ in range(3)]
+    assert sealed.status == "correct" and sealed.worker["shm_payloads"] == 0, (sealed.status, sealed.error)
+    assert all(r.status == "correct" and r.worker["shm_payloads"] >= 1 for r in after), [
+        (r.status, r.worker["shm_payloads"], r.worker["payload_recycled"]) for r in after]
