@@ -17,7 +17,7 @@ _ids = itertools.count()
 class FakeRunner:
     """A runner that is up at once: ``n`` says in which order runners were started."""
 
-    def __init__(self, device: str, scratch_root: Path, zygote: object = None) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: object = None, payloads: object = None) -> None:
         self.n = next(_ids)
         self.forked = zygote is not None
         self.alive = True

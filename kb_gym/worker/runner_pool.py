@@ -148,7 +148,7 @@ class RunnerPool:
     def _start(self) -> RunnerProcess:
         self.started += 1
         try:
-            return RunnerProcess(self.device, self.scratch_root, self._zygote(), self.payloads)
+            return RunnerProcess(self.device, self.scratch_root, self._zygote(), payloads=self.payloads)
         except StageError as exc:  # the zygote died between its check and the fork
             self._give_up_zygote(exc.message)
             return RunnerProcess(self.device, self.scratch_root, payloads=self.payloads)
@@ -171,7 +171,8 @@ class RunnerPool:
                 self._give_up_zygote(exc.message)
             elif self.device not in _READS_BREAK_CUDA:
                 raise
-            runner = RunnerProcess(self.device, self.scratch_root, self._zygote(), self.payloads)  # again, differently
+            # again, differently (the failed one killed itself: wait_ready)
+            runner = RunnerProcess(self.device, self.scratch_root, self._zygote(), payloads=self.payloads)
             self.started += 1
             runner.wait_ready()
         self.prestart()
