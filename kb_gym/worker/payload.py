@@ -196,8 +196,10 @@ class PayloadReader(_Mapping):
         return self.bytes(nbytes)
 
 
-# the populated bytes a kept memfd may hold (KB_GYM_PAYLOAD_KEEP_GB); a larger one is closed, its memory freed
-KEEP_BYTES = int(float(os.environ.get("KB_GYM_PAYLOAD_KEEP_GB", "16")) * (1 << 30))
+# the populated bytes a kept memfd may hold (KB_GYM_PAYLOAD_KEEP_GB); a larger one is closed, its memory freed. Kept
+# pages count against the judge tree's memory limit (host_memory.py, 32 GB by default) while the judge holds them;
+# 8 GB keeps the largest outputs of the GPU-size problems (6.4 GB)
+KEEP_BYTES = int(float(os.environ.get("KB_GYM_PAYLOAD_KEEP_GB", "8")) * (1 << 30))
 _SCRUB_STEP = 1 << 30  # bytes zeroed per mapping
 
 
