@@ -175,6 +175,14 @@ def fresh_ev():
         yield e
 
 
+def _next_runner_unmapped(ev: Evaluator) -> None:
+    """One untimed evaluation first: the runner the next job gets was started during it and never measured the
+    envelope's calibration, so the judge has not mapped its memfd (a mapping, even the judge's read-only one,
+    makes F_SEAL_WRITE fail). Without it the seal attacks below meet a spare the last timed job calibrated."""
+    r = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG.replace(timing=False))
+    assert r.status == "correct", r.error
+
+
 def _candidate(after_forward: str) -> str:
     """The reference copy, doing something to the payload memfd (fd 3 or whatever it is) after each forward."""
     return reference_as_candidate(SIX_MB).replace("        return x + 1", f"""        out = x + 1
@@ -252,6 +260,7 @@ HOSTILE = {
 def test_what_a_runner_does_to_its_memfd_costs_only_its_own_verdict(ev, fresh_ev, name):
     if name == "seal_the_memfd":
         ev = fresh_ev
+        _next_runner_unmapped(ev)
     r = ev.evaluate(SIX_MB, _candidate(HOSTILE[name]), config=CONFIG)
     assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
     if name == "seal_the_memfd":  # nothing crosses the memfd, and the verdict is the honest one
@@ -277,6 +286,7 @@ STALL_AFTER_DONE = SEAL + '''
 
 def test_a_runner_that_stalls_after_done_holds_the_judge_no_longer_than_the_stage_or_the_bytes_need(fresh_ev):
     ev = fresh_ev
+    _next_runner_unmapped(ev)
     short = CONFIG.replace(correctness_timeout=8.0, timing=False)
     r = ev.evaluate(SIX_MB, _candidate(STALL_AFTER_DONE), config=short)
     assert r.status in ("timeout", "crash"), (r.status, r.error)
