@@ -132,6 +132,7 @@ def _pch_record(value: Any) -> dict[str, list[str]]:
 
 PAYLOAD_NOTES = 64  # per-call payload seconds kept per runner (result.worker["payload_seconds"])
 
+
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
