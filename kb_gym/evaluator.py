@@ -31,6 +31,7 @@ from kb_gym.integrity import Finding, get_policy, static_findings
 from kb_gym.problems import Problem
 from kb_gym.result import EvalResult, Status, plain_text
 from kb_gym.store import ResultsStore, default_results_path
+from kb_gym.worker.protocol import PAYLOAD_NOTES, PAYLOAD_PARTS
 from kb_gym.workers import WorkerDied, WorkerHandle
 
 MAX_TEXT_CHARS = 1_000_000
@@ -455,8 +456,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
 
 def _payload_seconds(value: Any) -> dict[str, list[float]]:
     parts = value if isinstance(value, dict) else {}
-    return {k: [float(x) for x in parts.get(k) or [] if isinstance(x, int | float)][:64]
-            for k in ("runner_copy", "judge_map", "copy_out")}
+    return {k: [float(x) for x in parts.get(k) or [] if isinstance(x, int | float)][:PAYLOAD_NOTES]
+            for k in PAYLOAD_PARTS}
 
 
 def _problem_fields(problem: Problem) -> dict[str, Any]:

@@ -3,6 +3,7 @@ from its runner, the reference's from the judge's own model, and every check on 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -264,17 +265,10 @@ def input_views(inputs: list[Any], refs: list[torch.Tensor]) -> list[torch.Tenso
         views.append(x)
         others = [x.transpose(-2, -1)] if x.dim() >= 2 and tuple(x.transpose(-2, -1).shape) in shapes else []
         others += [x.reshape(shape) for shape in sorted(shapes)
-                   if shape != tuple(x.shape) and x.numel() == _numel(shape) and x.is_contiguous()]
+                   if shape != tuple(x.shape) and x.numel() == math.prod(shape) and x.is_contiguous()]
         views += [v for v in others if not any(v.shape == r.shape and v.dtype == r.dtype and torch.equal(v, r)
                                                for r in answers)]
     return views
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _widened_trial(setup: TrialSetup, seed: int, result: dict[str, Any], state: dict[str, Any],

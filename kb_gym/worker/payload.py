@@ -234,15 +234,17 @@ class PayloadPool:
         return (PayloadReader(fd, pin=self.pin) if fd is not None else None), False
 
     def give_back(self, reader: PayloadReader, tree_gone: bool) -> float:
-        """Take back a dead runner's memfd: zeroed and kept, or closed. Returns the seconds spent zeroing."""
-        start = time.perf_counter()
-        kept = False
+        """Take back a dead runner's memfd: zeroed and kept, or closed. Returns the seconds spent zeroing (0.0 when
+        it was closed)."""
+        seconds, kept = 0.0, False
         try:
             with self._lock:
                 room = len(self._ready) < self.keep
             if (room and tree_gone and _sealed_by_judge_only(reader.fd)
                     and os.fstat(reader.fd).st_size <= 4 * KEEP_BYTES and _populated(reader.fd) <= KEEP_BYTES):
+                start = time.perf_counter()
                 kept = _scrub(reader.fd)
+                seconds = time.perf_counter() - start
         except OSError:
             kept = False
         if kept:
@@ -250,7 +252,7 @@ class PayloadPool:
                 self._ready.append(reader)
         else:
             _close(reader)
-        return time.perf_counter() - start
+        return seconds
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,10 @@ from typing import Any
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # The start-up message of a GPU worker whose CUDA fails under the Landlock ruleset (KB_GYM_LANDLOCK=auto).
 LANDLOCK_BREAKS_CUDA = "landlock_breaks_cuda"
+# Where a memfd payload's time goes, as a judge reports it per runner (result.worker["payload_seconds"]): the runner's
+# copy in after "done", the judge's mapping, the judge's copy out and hash; at most PAYLOAD_NOTES calls each.
+PAYLOAD_PARTS = ("runner_copy", "judge_map", "copy_out")
+PAYLOAD_NOTES = 64
 
 
 class ProtocolError(RuntimeError):

@@ -26,7 +26,14 @@ from kb_gym import sandbox
 from kb_gym.worker import build_cache, device_digest, header_diet, launch_shim, payload, pch, process
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
-from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
+from kb_gym.worker.protocol import (
+    LANDLOCK_BREAKS_CUDA,
+    PAYLOAD_NOTES,
+    PAYLOAD_PARTS,
+    MessageReader,
+    ProtocolError,
+    write_message,
+)
 from kb_gym.worker.spot_check import SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
     PINNED_RECEIVE_BYTES,
@@ -130,9 +137,6 @@ def _pch_record(value: Any) -> dict[str, list[str]]:
         got.get(key), list) else [] for key in ("used", "wanted")}
 
 
-PAYLOAD_NOTES = 64  # per-call payload seconds kept per runner (result.worker["payload_seconds"])
-
-
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
@@ -170,9 +174,9 @@ class RunnerProcess:
         payload_fd = self.payload.fd if self.payload is not None else None
         self.scrub_seconds = 0.0  # zeroing the memfd for the next runner, once this one's tree is gone
         self.shm_payloads = 0  # calls whose outputs came through the memfd
-        # where a memfd payload's time goes, per call (at most PAYLOAD_NOTES): the runner's copy into it after "done"
-        # (its mapping and page-locking on its first call), the judge's mapping, the judge's copy out and its hash
-        self.payload_seconds: dict[str, list[float]] = {"runner_copy": [], "judge_map": [], "copy_out": []}
+        # where each memfd payload's time goes (protocol.PAYLOAD_PARTS; the runner's copy in holds its mapping and
+        # page-locking on its first call)
+        self.payload_seconds: dict[str, list[float]] = {part: [] for part in PAYLOAD_PARTS}
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
@@ -508,11 +512,11 @@ class RunnerProcess:
             raise WireError("the runner sent its outputs through shared memory it was never given")
         t_wait = time.perf_counter()
         msg = self._read(transfer_wait(nbytes, timeout))
-        self._note_payload("runner_copy", t_wait)
         if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
             raise WireError(f"expected the outputs' {nbytes:,} bytes in shared memory, got {str(msg)[:200]}")
         if msg.get("via") == "pipe":
             return None
+        self._note_payload("runner_copy", t_wait)
         t_map = time.perf_counter()
         try:
             view = self.payload.view(nbytes)
