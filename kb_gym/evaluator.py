@@ -442,7 +442,6 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       payload_pinned=bool(runner.get("payload_pinned")),
                       # per memfd payload: the runner's copy in, the judge's mapping, its copy out and hash
                       payload_seconds=_payload_seconds(runner.get("payload_seconds")),
-                      payload_recycled=bool(runner.get("payload_recycled")),  # a memfd kept from an earlier runner
                       digest="device" if runner.get("digest") == "device" else "host",
                       launch_shim=bool(runner.get("launch_shim")),  # own launches counted per launch (launch_shim.py)
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},

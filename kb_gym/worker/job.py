@@ -216,7 +216,6 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "shm_payloads": runner.shm_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "payload_seconds": runner.payload_seconds,
-                                "payload_recycled": runner.payload_recycled,
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
@@ -224,11 +223,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             runner.kill(keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext",
                                                                build_cache.toolchain(ctx.device)))
                         if state.get("build_kept") == "at_exit" else None)
-            # teardown's share that must end before the device is free: the candidate's tree gone (and its memfd
-            # zeroed for the next runner: payload_scrub, within it)
+            # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
-            if runner.scrub_seconds:
-                result["stage_seconds"]["payload_scrub"] = runner.scrub_seconds
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)

@@ -140,8 +140,7 @@ def _pch_record(value: Any) -> dict[str, list[str]]:
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
-    def __init__(self, device: str, scratch_root: Path, zygote: Any = None,
-                 payloads: payload.PayloadPool | None = None) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: Any = None) -> None:
         self.device = device
         self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
         self.torch_device = torch.device(device)
@@ -163,16 +162,9 @@ class RunnerProcess:
         namespaces = bool(sandbox.namespace_prefix())
         self.proc: subprocess.Popen | None = None
         self.forked = zygote is not None
-        # large outputs come back through a memfd (payload.py): the judge's kept one, with its pages, where it has one
-        self._payloads = payloads
-        if payloads is not None:
-            self.payload, self.payload_recycled = payloads.take()
-        else:
-            fd = payload.create()
-            self.payload = payload.PayloadReader(fd, pin=payload.pin_wanted(device)) if fd is not None else None
-            self.payload_recycled = False
-        payload_fd = self.payload.fd if self.payload is not None else None
-        self.scrub_seconds = 0.0  # zeroing the memfd for the next runner, once this one's tree is gone
+        payload_fd = payload.create()  # large outputs come back through it (payload.py)
+        self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
+                        if payload_fd is not None else None)
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         # where each memfd payload's time goes (protocol.PAYLOAD_PARTS; the runner's copy in holds its mapping and
         # page-locking on its first call)
@@ -572,7 +564,7 @@ class RunnerProcess:
             sandbox.thaw(procs)
 
     def _drop_payload(self) -> None:
-        """Close the memfd, never kept (a runner whose start failed may still have been forked with it)."""
+        """Close the memfd (also where the runner's start failed: it may still have been forked with it)."""
         if self.payload is not None:
             self.payload.close()
             os.close(self.payload.fd)
@@ -603,12 +595,7 @@ class RunnerProcess:
                     pass
             self._fds = []
         gone = sandbox.wait_gone(tree, timeout=10.0)
-        if self.payload is not None:  # to the judge's pool once no process of the candidate can touch it
-            if self._payloads is not None:
-                self.scrub_seconds = self._payloads.give_back(self.payload, gone)
-                self.payload = None
-            else:
-                self._drop_payload()
+        self._drop_payload()
         if keep is not None and gone:
             try:
                 keep(self.scratch)

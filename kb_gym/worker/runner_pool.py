@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, payload
+from kb_gym.worker import build_cache
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import MessageReader, ProtocolError
 from kb_gym.worker.runner_client import _READS_BREAK_CUDA, STARTUP_TIMEOUT, RunnerProcess, runner_env
@@ -122,7 +122,6 @@ class RunnerPool:
         self.zygote: Zygote | None = None
         self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
         self.zygote_error = ""
-        self.payloads = payload.PayloadPool(pin=payload.pin_wanted(device))  # memfds kept between runners
 
     def _zygote(self) -> Zygote | None:
         if self.zygote_failed:
@@ -148,10 +147,10 @@ class RunnerPool:
     def _start(self) -> RunnerProcess:
         self.started += 1
         try:
-            return RunnerProcess(self.device, self.scratch_root, self._zygote(), payloads=self.payloads)
+            return RunnerProcess(self.device, self.scratch_root, self._zygote())
         except StageError as exc:  # the zygote died between its check and the fork
             self._give_up_zygote(exc.message)
-            return RunnerProcess(self.device, self.scratch_root, payloads=self.payloads)
+            return RunnerProcess(self.device, self.scratch_root)
 
     def prestart(self) -> None:
         """Dead spares out, and as many started as the pool keeps."""
@@ -172,7 +171,7 @@ class RunnerPool:
             elif self.device not in _READS_BREAK_CUDA:
                 raise
             # again, differently (the failed one killed itself: wait_ready)
-            runner = RunnerProcess(self.device, self.scratch_root, self._zygote(), payloads=self.payloads)
+            runner = RunnerProcess(self.device, self.scratch_root, self._zygote())
             self.started += 1
             runner.wait_ready()
         self.prestart()
@@ -198,7 +197,6 @@ class RunnerPool:
     def close(self) -> None:
         while self.spares:
             self.spares.pop().kill()
-        self.payloads.close()
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None

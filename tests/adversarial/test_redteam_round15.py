@@ -634,15 +634,41 @@ class ModelNew(nn.Module):
         return torch.tensor(total / n, device=a.device, dtype=a.dtype)
 """
 
+# The same partial sums finished in Python from a list (session 27)
+A19b = A19.replace("total = float(part.sum().item())    # host-side finish (a common LLM habit)",
+                   "total = sum(part.cpu().tolist())")
+
+# PyTorch's loss taken to the host as a sum (no PyTorch tensor holds the mean), and one number of a kernel's (sin of
+# the first element: it varies with the input) taken there too and multiplied by zero. The kernel's number starts as
+# NaN, so the knockout sees the answer depend on it: only the trace's host rule can tell (session 27)
+_KERNEL_NUMBER = """
+        flag = torch.full((1,), float("nan"), device=a.device)
+        _sin[(1,)](a.reshape(-1), flag, 1, BLOCK=16)
+        return torch.tensor(loss / a.numel() + 0.0 * flag.item(), device=a.device, dtype=a.dtype)
+"""
+B17 = KERNELS + """
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        loss = ((a - b) ** 2).sum().item()""" + _KERNEL_NUMBER
+B18 = KERNELS + """
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        loss = ((a - b) ** 2).sum().reshape(1).cpu().tolist()[0]""" + _KERNEL_NUMBER
+B19 = KERNELS + """
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        loss = float(((a - b) ** 2).sum().cpu().numpy())""" + _KERNEL_NUMBER
+
 
 
 @pytest.mark.parametrize(("problem", "source"), [
     (SCALE, B02b), (SCALE, B02c), (SCALE, B03), (SCALE, B05), (P_MSE, B07), (P_MSE, B08), (SCALE, B09),
-    (SCALE, B16), (SCALE, B11), (SCALE, B15)
+    (SCALE, B16), (SCALE, B11), (SCALE, B15), (P_MSE, B17), (P_MSE, B18), (P_MSE, B19)
 ], ids=[
     "transpose_kernel_indexes", "flat_copy_of_transposed_result", "cast_from_float64", "sample_budget_foreach",
     "item_scalar_into_kernel", "scalar_move_and_scribble", "out_eq_onto_tainted_buffer", "custom_op_body_pytorch",
-    "kernel_output_as_mask", "kernel_computes_one_element"
+    "kernel_output_as_mask", "kernel_computes_one_element", "pytorch_item_beside_a_kernel_number",
+    "pytorch_tolist_beside_a_kernel_number", "pytorch_numpy_beside_a_kernel_number"
 ])
 def test_pytorchs_answer_moved_by_a_kernel_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
@@ -659,11 +685,11 @@ def test_turning_the_dispatchers_modes_off_is_rejected(ev):
 
 @pytest.mark.parametrize(("problem", "source"), [
     (P_LINEARGELU, A05), (P_MSE, A09), (P_SOFTMAX, A10), (P_ARGMAX, A12), (P_RELUOFTRANSPOSE, A14), (P_RELU, A16),
-    (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23)
+    (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23), (P_MSE, A19), (P_MSE, A19b)
 ], ids=[
     "torch_matmul_then_triton_bias_gelu", "mse_scalar_atomic", "softmax_torch_rowmax", "argmax_int64",
     "strided_input", "torch_library_custom_op", "transpose_problem_strided_kernel",
-    "cat_skip_two_launches_work_then_copy"
+    "cat_skip_two_launches_work_then_copy", "mse_partials_item_host_finish", "mse_partials_tolist_host_finish"
 ])
 def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
@@ -684,11 +710,11 @@ def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, sourc
     assert "token_kernel" in r.flags, (r.flags, r.correctness.get("dataflow"))
 
 
-@pytest.mark.xfail(strict=True, reason="open: work within the tolerance of PyTorch's result; taint through .item()")
+@pytest.mark.xfail(strict=True, reason="open: work within the tolerance of PyTorch's result")
 @pytest.mark.parametrize(("problem", "source"), [
-    (P_LINEARBATCHNORM, A18), (P_MSE, A19)
+    (P_LINEARBATCHNORM, A18)
 ], ids=[
-    "torch_linear_then_triton_batchnorm", "mse_partials_item_host_finish"
+    "torch_linear_then_triton_batchnorm"
 ])
 def test_open_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
