@@ -32,9 +32,14 @@ the flip back), moves across shapes (PyTorch computes the answer's halves or a p
 concatenates or crops), work PyTorch does in place in a storage a kernel wrote part of (taint is per storage), a
 kernel that computes a sliver of the answer (the knockout's sliver rule holds it under 0.2%), compute outside the
 dispatcher (numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the
-traced call (an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole
-work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and
-a kernel's result finished on the host through ``.item()`` (taint does not follow a Python number).
+traced call (an active dispatch mode) and behaves there. And one honest case it calls a token: a kernel whose whole
+work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel).
+
+Taint does not follow a Python number, so a kernel's result finished on the host (partial sums through ``.item()``
+or ``.tolist()``, then ``torch.tensor(total / n)``) would read as PyTorch's. A tensor made from Python numbers
+(FROM_HOST) is the kernels' where the forward took at least as many numbers to the host from their tensors and none
+from PyTorch's (an untainted ``.item()``, device-to-host copy, ``.tolist()`` or ``.numpy()``): PyTorch's loss taken
+to the host beside a kernel's number stays PyTorch's.
 """
 
 from __future__ import annotations
