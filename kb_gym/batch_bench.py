@@ -136,15 +136,22 @@ class BusySampler:
 
 
 _KB_WAY = r'''
-import json, sys, time, torch
+import importlib.util, json, sys, time, torch
 problem_path, candidate_path, device = sys.argv[1:4]
 trials, reps = int(sys.argv[4]), int(sys.argv[5])
 out = {"status": "correct"}
+
+def load(path, name):  # a module from its file, as KernelBench loads Triton candidates (@triton.jit reads the source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return vars(module)
+
 try:
-    ns_ref, ns_new = {}, {}
-    exec(open(problem_path).read(), ns_ref)
+    ns_ref = load(problem_path, "kb_problem")
     try:
-        exec(open(candidate_path).read(), ns_new)
+        ns_new = load(candidate_path, "kb_candidate")
     except Exception as exc:
         out.update(status="compile_error", error=repr(exc)[:200]); raise SystemExit
     torch.manual_seed(42)

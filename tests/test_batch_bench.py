@@ -10,6 +10,7 @@ import pytest
 from kb_gym import load_problems
 from kb_gym.batch_bench import batch_part, build_batch, fingerprint, kernelbench_way, run_batch
 from kb_gym.batch_report import format_batch, merge_parts, summarize
+from kb_gym.problems.solutions import solution_backend, solution_files
 
 
 def test_the_batch_is_four_candidates_a_problem_with_our_triton_solutions():
@@ -106,3 +107,17 @@ def test_a_small_batch_gets_the_verdicts_it_should_and_the_kernelbench_way_runs_
 def test_the_kernelbench_way_reports_a_broken_candidate():
     relu = next(p for p in load_problems("builtin", size="cpu") if p.name == "1_ReLU")
     assert kernelbench_way(relu, "syntax error(", "cpu", trials=1, reps=1)["status"] == "compile_error"
+
+
+def test_the_kernelbench_way_runs_a_triton_candidate_from_its_file(monkeypatch):
+    """@triton.jit reads its function's source: a candidate exec'd from a string failed with "@jit functions should be
+    defined in a Python file", so the KernelBench way judged our Triton solutions compile_error in seconds (part 2/4
+    on the H200, 2026-12-04). Triton's interpreter does not check it: on the CPU this runs the loader only."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    relu = next(p for p in load_problems("builtin", size="cpu") if p.name == "1_ReLU")
+    triton_file = next(f for f in solution_files(device) if f.stem == "1_ReLU" and solution_backend(f) == "triton")
+    row = kernelbench_way(relu, triton_file.read_text(), device, trials=1, reps=1)
+    assert row["status"] == "correct", row

@@ -151,7 +151,7 @@ def test_a_kernel_copying_the_input_in_is_pytorchs():
 @pytest.mark.parametrize("value", [1.0, 0.0, 3.0])
 def test_a_kernel_writing_a_constant_pytorch_uses_is_pytorchs(value):
     def forward(x, launch):
-        c = torch.empty(1)
+        c = torch.full((1,), float("nan"))  # not empty(): fresh memory may hold the value already (no write then)
         launch("const", c, body=lambda o: o.fill_(value))
         y = x * 2 + 1
         return y * (c / value) if value else y + c

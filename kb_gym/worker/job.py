@@ -78,6 +78,7 @@ class WorkerContext:
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
+        self.output_bytes: dict[str, int] = {}  # problem code -> its reference's output bytes (RunnerPool.payload_hint)
         if self.pool is not None:
             self.pool.prestart()
 
@@ -271,6 +272,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if ctx.pool is None:
             raise StageError("crash", "this judge runs no candidates (started without runners)")
         deadline = _deadline(cfg, "load")
+        # the spare started in place of the one taken maps its memfd for this problem's outputs
+        ctx.pool.payload_hint = ctx.output_bytes.get(job["problem_code"], 0)
         runner = ctx.pool.take()
         state["runner"] = runner
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
@@ -315,7 +318,11 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         # Trial seeds follow the job's seed (reproducible; KernelBench's order). A candidate that knows them
         # gains nothing: trials are not timed, and every timed call gets a seed from the OS at its start.
         seeds = [seed + 1 + k for k in range(trials)]
-        run_trials(setup, seeds, seed + 1 + trials, result, state, ctx.speed_of_light_ms)
+        try:
+            run_trials(setup, seeds, seed + 1 + trials, result, state, ctx.speed_of_light_ms)
+        finally:
+            if state.get("ref_out_bytes"):
+                ctx.output_bytes[job["problem_code"]] = int(state["ref_out_bytes"])
         stages["correctness"] = time.perf_counter() - t0
         if result.get("status") == "incorrect":
             return

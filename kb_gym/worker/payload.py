@@ -25,6 +25,8 @@ import fcntl
 import functools
 import mmap
 import os
+import threading
+import time
 import warnings
 from typing import Any
 
@@ -34,6 +36,12 @@ from kb_gym.worker.tensors import flatten_bytes
 
 SHM_MIN_BYTES = 1 << 20  # smaller payloads cross the pipe: one write, no mapping
 PIN_MIN_BYTES = 64 << 20  # mappings this large are page-locked for the GPU's copies (pin_wanted)
+# A spare's memfd is sized, populated and (on a GPU) page-locked at its start, before any candidate, for outputs of
+# the size its problem's last evaluations had, between these bounds (RunnerPool.payload_hint): on the H200 a 6.4 GB
+# output's first copy into a fresh memfd took 3.9-4.4 s (3.5 s of it allocating and zeroing pages, the rest
+# page-locking them) against 0.12 s for each later one, all of it inside the device lock (docs/benchmarks.md 0u)
+PREMAP_MIN_BYTES = PIN_MIN_BYTES
+PREMAP_MAX_BYTES = int(float(os.environ.get("KB_GYM_PAYLOAD_PREMAP_GB", "8")) * (1 << 30))
 ENV_FD = "KB_GYM_PAYLOAD_FD"  # the memfd's number in the runner (set by the judge)
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_READ_ONLY = 0x01, 0x08  # CU_MEMHOSTREGISTER_*
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
@@ -154,6 +162,20 @@ class PayloadWriter(_Mapping):
         os.set_inheritable(fd, False)  # a candidate's children do not get it
         return cls(fd, pin=pin_wanted(device))
 
+    def premap(self) -> float:
+        """Map (populated, page-locked where wanted) the bytes the judge sized the memfd to before this runner
+        started, if within the PREMAP bounds; returns the seconds it took (0.0 where nothing was mapped)."""
+        start = time.perf_counter()
+        try:
+            size = os.fstat(self.fd).st_size
+            if not PREMAP_MIN_BYTES <= size <= PREMAP_MAX_BYTES:
+                return 0.0
+            self.bytes(size)
+        except (OSError, ValueError, RuntimeError):  # no memory for it: the first copy maps it, as without
+            self.close()
+            return 0.0
+        return time.perf_counter() - start
+
     def write(self, tensors: list[Any], total: int) -> None:
         if os.fstat(self.fd).st_size < total:
             os.ftruncate(self.fd, total)
@@ -174,6 +196,34 @@ class PayloadReader(_Mapping):
 
     writable = False
 
+    def __init__(self, fd: int, pin: bool = False) -> None:
+        super().__init__(fd, pin)
+        self._premapping: threading.Thread | None = None
+
+    def premap(self, nbytes: int) -> None:
+        """Map ``nbytes`` in the background (the runner has populated them: premap above), so that the first
+        payload finds the judge's mapping made and page-locked; ``view`` and ``close`` wait for it."""
+        if self.map is not None or self._premapping is not None:
+            return
+
+        def run() -> None:
+            try:
+                self.bytes(nbytes)
+            except (OSError, ValueError, RuntimeError):  # the first view maps it, as without
+                pass
+
+        self._premapping = threading.Thread(target=run, name="kb-gym-premap", daemon=True)
+        self._premapping.start()
+
+    def _premapped(self) -> None:
+        if self._premapping is not None:
+            self._premapping.join()
+            self._premapping = None
+
+    def close(self) -> None:
+        self._premapped()
+        super().close()
+
     def reserve(self, nbytes: int) -> None:
         """Grow the memfd to ``nbytes`` before a call whose outputs may take that many. The runner cannot grow
         it past its own file-size limit (RLIMIT_FSIZE, 1 GB: runner.py), and its copy then fell back to the
@@ -188,6 +238,7 @@ class PayloadReader(_Mapping):
 
     def view(self, nbytes: int) -> torch.Tensor:
         """The payload's bytes in the shared mapping (decode copies them out before anything reads them)."""
+        self._premapped()
         size = os.fstat(self.fd).st_size
         if size < nbytes:  # sealed: it cannot shrink after this check, so mapping nbytes cannot fault
             raise ValueError(f"the runner announced {nbytes:,} bytes in shared memory but wrote {size:,}")

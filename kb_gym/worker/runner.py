@@ -505,6 +505,10 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_escape_syscalls())
     phase("seccomp")
+    # The memfd's pages allocated (and page-locked) now, for outputs of the size the judge expects, not in the
+    # first call's copy (payload.PREMAP_MIN_BYTES)
+    if payload is not None and payload.premap():
+        phase("payload")
     # The digest kernel loaded now (from the Triton cache the judge seeded), not in the first call.
     wanted = os.environ.get(device_digest.ENV_WARM) == "1" and device_digest.applies_to(torch.device(device))
     digest_error = device_digest.warm(torch.device(device)) if wanted else None

@@ -140,7 +140,7 @@ def _pch_record(value: Any) -> dict[str, list[str]]:
 class RunnerProcess:
     """One runner: started pristine, given at most one candidate, then killed."""
 
-    def __init__(self, device: str, scratch_root: Path, zygote: Any = None) -> None:
+    def __init__(self, device: str, scratch_root: Path, zygote: Any = None, payload_bytes: int = 0) -> None:
         self.device = device
         self.scratch = Path(tempfile.mkdtemp(prefix="runner_", dir=scratch_root))
         self.torch_device = torch.device(device)
@@ -165,6 +165,12 @@ class RunnerProcess:
         payload_fd = payload.create()  # large outputs come back through it (payload.py)
         self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
                         if payload_fd is not None else None)
+        # outputs of this size expected (RunnerPool.payload_hint): the runner maps its memfd at start-up, the judge
+        # once it is ready
+        self.premap_bytes = payload_bytes if payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES \
+            and self.payload is not None else 0
+        if self.premap_bytes:
+            self.payload.reserve(self.premap_bytes)
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         # where each memfd payload's time goes (protocol.PAYLOAD_PARTS; the runner's copy in holds its mapping and
         # page-locking on its first call)
@@ -264,6 +270,8 @@ class RunnerProcess:
             rtts.append((time.perf_counter() - t0) * 1e3)
         self.rtt_ms = median_ci(rtts)[0]
         self.ready = True
+        if self.premap_bytes and self.payload is not None and "payload" in self.info["startup_phases"]:
+            self.payload.premap(self.premap_bytes)
 
     def _send(self, msg: dict[str, Any]) -> None:
         try:

@@ -122,6 +122,9 @@ class RunnerPool:
         self.zygote: Zygote | None = None
         self.zygote_failed = os.environ.get("KB_GYM_ZYGOTE", "1") == "0"
         self.zygote_error = ""
+        # the output bytes the next spares' memfds are mapped for at their start (payload.PREMAP_MIN_BYTES); the
+        # judge sets it per job from its problem's earlier evaluations, 0 where it knows none
+        self.payload_hint = 0
 
     def _zygote(self) -> Zygote | None:
         if self.zygote_failed:
@@ -147,10 +150,10 @@ class RunnerPool:
     def _start(self) -> RunnerProcess:
         self.started += 1
         try:
-            return RunnerProcess(self.device, self.scratch_root, self._zygote())
+            return RunnerProcess(self.device, self.scratch_root, self._zygote(), self.payload_hint)
         except StageError as exc:  # the zygote died between its check and the fork
             self._give_up_zygote(exc.message)
-            return RunnerProcess(self.device, self.scratch_root)
+            return RunnerProcess(self.device, self.scratch_root, payload_bytes=self.payload_hint)
 
     def prestart(self) -> None:
         """Dead spares out, and as many started as the pool keeps."""

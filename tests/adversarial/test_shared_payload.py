@@ -339,3 +339,53 @@ def test_a_runner_that_sealed_its_memfd_leaves_the_next_runners_theirs():
     assert sealed.status == "correct" and sealed.worker["shm_payloads"] == 0, (sealed.status, sealed.error)
     assert all(r.status == "correct" and r.worker["shm_payloads"] >= 1 for r in after), [
         (r.status, r.worker["shm_payloads"]) for r in after]
+
+
+def test_a_memfd_sized_before_the_runner_starts_is_mapped_on_both_sides_before_the_first_payload():
+    """payload.PREMAP_MIN_BYTES: the runner maps what the judge sized at its start, the judge in the background once
+    it is ready; the first payload then remaps nothing, and a larger one still grows it."""
+    fd = payload.create()
+    reader = payload.PayloadReader(fd)
+    reader.reserve(payload.PREMAP_MIN_BYTES)
+    writer = payload.PayloadWriter(fd)
+    assert writer.premap() > 0 and len(writer.map) == payload.PREMAP_MIN_BYTES
+    reader.premap(payload.PREMAP_MIN_BYTES)
+    out = [torch.randn(payload.PREMAP_MIN_BYTES // 4)]
+    mapping = writer.map
+    writer.write(out, payload.PREMAP_MIN_BYTES)
+    assert writer.map is mapping  # the start-up's mapping, not a new one
+    got = decode(describe(out), reader.view(payload.PREMAP_MIN_BYTES), torch.device("cpu"))
+    assert torch.equal(got[0], out[0]) and len(reader.map) == payload.PREMAP_MIN_BYTES
+    bigger = [torch.randn(payload.PREMAP_MIN_BYTES // 4 + 1024)]
+    writer.write(bigger, bigger[0].numel() * 4)
+    got = decode(describe(bigger), reader.view(bigger[0].numel() * 4), torch.device("cpu"))
+    assert torch.equal(got[0], bigger[0])
+    small = payload.PayloadWriter(payload.create())  # a memfd nobody sized: nothing mapped at the start
+    assert small.premap() == 0.0 and small.map is None
+    reader.close()
+    writer.close()
+
+
+SEVENTY_TWO_MB = Problem(id=4, name="4_AddOneLarger", level=1, code='''import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+def get_inputs():
+    return [torch.randn(4096, 4608)]
+def get_init_inputs():
+    return []
+''')
+
+
+def test_spares_started_after_a_large_output_map_their_memfd_at_start_up_and_judge_as_before(ev):
+    """The judge records a problem's output bytes and sizes the memfds of the spares it starts for that problem's
+    next evaluations (RunnerPool.payload_hint): their runners map them at start-up (the "payload" phase), and the
+    verdicts are those of a fresh memfd. A small problem after them uses the pipe as before."""
+    untimed = CONFIG.replace(timing=False)
+    results = [ev.evaluate(SEVENTY_TWO_MB, reference_as_candidate(SEVENTY_TWO_MB), config=untimed) for _ in range(4)]
+    assert all(r.status == "correct" and r.worker["shm_payloads"] >= 1 for r in results), [
+        (r.status, r.error) for r in results]
+    phases = [r.worker["runner_startup_phases"] for r in results]
+    assert "payload" not in phases[0] and any("payload" in p for p in phases[2:]), phases
+    small = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
+    assert small.status == "correct", small.error
