@@ -154,6 +154,9 @@ class Evaluator(EvaluationAPI):
         self._unquiet: dict[str, float] = {}  # problem code hash -> when its baseline-only job's quiet was cut
         self._closed = False
         self._job_counter = 0
+        # problem code -> its reference's output bytes, from any worker's evaluations: the judge maps a runner's
+        # memfd for them before the device lock (payload.PREMAP_MIN_BYTES)
+        self._output_bytes: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Evaluator:
@@ -332,10 +335,16 @@ class Evaluator(EvaluationAPI):
             self._run_on(handle, base_job, problem, cfg, [], time.perf_counter(), implicit=True)
             job["cached_baseline"] = self._cached_baseline(handle, problem, cfg)
         started = time.perf_counter()
+        with self._lock:
+            job["payload_hint"] = self._output_bytes.get(problem.code, 0)
         try:
             raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
         except WorkerDied as exc:
             raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
+        output_bytes = (raw.get("correctness") or {}).get("output_bytes")
+        if isinstance(output_bytes, int) and output_bytes > 0:
+            with self._lock:
+                self._output_bytes[problem.code] = output_bytes
         log_tail = raw.pop("log_tail", "")
         known = {k: raw[k] for k in ("status", "compiled", "correct", "speedup", "speedup_ci", "runtime_ms",
                                      "baseline_cached",
@@ -442,6 +451,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       payload_pinned=bool(runner.get("payload_pinned")),
                       # per memfd payload: the runner's copy in, the judge's mapping, its copy out and hash
                       payload_seconds=_payload_seconds(runner.get("payload_seconds")),
+                      # the runner's mapping of its memfd as the job prepared it (before the device lock)
+                      payload_premap_s=float(runner.get("payload_premap_s") or 0.0),
                       digest="device" if runner.get("digest") == "device" else "host",
                       launch_shim=bool(runner.get("launch_shim")),  # own launches counted per launch (launch_shim.py)
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},

@@ -217,6 +217,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "shm_payloads": runner.shm_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "payload_seconds": runner.payload_seconds,
+                                "payload_premap_s": runner.premap_seconds,
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
@@ -272,12 +273,15 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if ctx.pool is None:
             raise StageError("crash", "this judge runs no candidates (started without runners)")
         deadline = _deadline(cfg, "load")
-        # the spare started in place of the one taken maps its memfd for this problem's outputs
-        ctx.pool.payload_hint = ctx.output_bytes.get(job["problem_code"], 0)
+        # this problem's output bytes, from the evaluator (any worker's evaluations) or this judge's: the runner
+        # maps its memfd for them as it prepares, and the spare started in place of it at its start-up
+        hint = job.get("payload_hint")
+        hint = hint if isinstance(hint, int) and hint > 0 else ctx.output_bytes.get(job["problem_code"], 0)
+        ctx.pool.payload_hint = hint
         runner = ctx.pool.take()
         state["runner"] = runner
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                       timeout=deadline - time.monotonic())
+                       timeout=deadline - time.monotonic(), payload_bytes=hint)
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
@@ -323,6 +327,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         finally:
             if state.get("ref_out_bytes"):
                 ctx.output_bytes[job["problem_code"]] = int(state["ref_out_bytes"])
+                result.setdefault("correctness", {})["output_bytes"] = int(state["ref_out_bytes"])
         stages["correctness"] = time.perf_counter() - t0
         if result.get("status") == "incorrect":
             return

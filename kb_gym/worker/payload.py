@@ -203,7 +203,7 @@ class PayloadReader(_Mapping):
     def premap(self, nbytes: int) -> None:
         """Map ``nbytes`` in the background (the runner has populated them: premap above), so that the first
         payload finds the judge's mapping made and page-locked; ``view`` and ``close`` wait for it."""
-        if self.map is not None or self._premapping is not None:
+        if self._premapping is not None or (self.map is not None and len(self.map) >= nbytes):
             return
 
         def run() -> None:
@@ -216,8 +216,10 @@ class PayloadReader(_Mapping):
         self._premapping.start()
 
     def _premapped(self) -> None:
-        if self._premapping is not None:
-            self._premapping.join()
+        """Wait for the background mapping (not from within it: its own remap closes the mapping first)."""
+        thread = self._premapping
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
             self._premapping = None
 
     def close(self) -> None:

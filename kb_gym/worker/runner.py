@@ -98,8 +98,10 @@ def _scratch_env(scratch: Path) -> None:
 class Runner:
     """The commands a runner answers: ping, load, call, timed."""
 
-    def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any, pch_root: Path | None = None) -> None:
+    def __init__(self, device: str, scratch: Path, send: Any, send_tensors: Any, pch_root: Path | None = None,
+                 premap: Callable[[], float] | None = None) -> None:
         self.device = torch.device(device)
+        self.premap = premap  # maps the memfd as the judge sized it (payload.PayloadWriter.premap)
         self.pch_root = pch_root  # set only where Landlock keeps this process from writing there
         self.scratch = scratch
         self.send = send
@@ -160,7 +162,10 @@ class Runner:
         except Exception as exc:  # noqa: BLE001
             return {"type": "prepared", "status": "runtime_error",
                     "error": "the reference problem failed to load: " + trim_traceback(exc, "")}
-        return {"type": "prepared", "status": "ok"}
+        # the memfd's pages for outputs of the size the judge expects, allocated before the candidate and outside
+        # the device lock (the judge sized it before this message)
+        mapped = self.premap() if msg.get("payload_bytes") and self.premap is not None else 0.0
+        return {"type": "prepared", "status": "ok", "payload_premap_s": mapped}
 
     def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.ref_model = None  # candidate code runs from here on: nothing measured here is trusted again
@@ -501,7 +506,8 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     phase("cuda")
     pch_dir = os.environ.get(pch.ENV_DIR)
     confined = bool(sandbox.get("landlock"))  # writes only in its scratch folder: the PCH stays as built
-    runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None)
+    runner = Runner(device, scratch, send, send_tensors, Path(pch_dir) if pch_dir and confined else None,
+                    payload.premap if payload is not None else None)
     if os.environ.get("KB_GYM_SECCOMP", "1") != "0":
         sandbox.update(deny_escape_syscalls())
     phase("seccomp")

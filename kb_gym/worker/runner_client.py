@@ -171,6 +171,7 @@ class RunnerProcess:
             and self.payload is not None else 0
         if self.premap_bytes:
             self.payload.reserve(self.premap_bytes)
+        self.premap_seconds = 0.0  # the runner's mapping of its memfd when the job prepared it (prepare)
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         # where each memfd payload's time goes (protocol.PAYLOAD_PARTS; the runner's copy in holds its mapping and
         # page-locking on its first call)
@@ -316,16 +317,25 @@ class RunnerProcess:
         return StageError("crash", f"the candidate's process died{detail}: {why}" + (f"\n{tail}" if tail else ""))
 
     def prepare(self, problem_code: str, init_seed: int, precision: str, tf32: bool, timeout: float,
-                reference_model: bool = False) -> None:
+                reference_model: bool = False, payload_bytes: int = 0) -> None:
         """Load the problem while the runner is pristine; with ``reference_model`` the reference model too,
-        for timing.calibrate_overhead to time it there before any candidate code runs."""
+        for timing.calibrate_overhead to time it there before any candidate code runs. ``payload_bytes``: outputs
+        of this size are expected (the problem's earlier evaluations): both sides map the memfd for them now,
+        outside the device lock (payload.PREMAP_MIN_BYTES), where the runner's start-up did not already."""
+        premap = payload_bytes if (self.payload is not None and
+                                   payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES) else 0
+        if premap:
+            self.payload.reserve(premap)
         self._send({"type": "prepare", "problem_code": problem_code, "init_seed": init_seed, "precision": precision,
-                    "tf32": tf32, "reference_model": reference_model})
+                    "tf32": tf32, "reference_model": reference_model, "payload_bytes": premap})
         reply = self._read(timeout)
         if reply.get("type") != "prepared":
             raise self._unexpected(reply, "prepared")
         if reply.get("status") != "ok":
             raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
+        if premap and isinstance(reply.get("payload_premap_s"), float) and reply["payload_premap_s"] > 0:
+            self.premap_seconds = reply["payload_premap_s"]
+            self.payload.premap(premap)
 
     def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its

@@ -350,12 +350,15 @@ def test_a_memfd_sized_before_the_runner_starts_is_mapped_on_both_sides_before_t
     writer = payload.PayloadWriter(fd)
     assert writer.premap() > 0 and len(writer.map) == payload.PREMAP_MIN_BYTES
     reader.premap(payload.PREMAP_MIN_BYTES)
+    reader._premapping.join()  # the background mapping, made
+    judges = reader.map
+    assert judges is not None and len(judges) == payload.PREMAP_MIN_BYTES
     out = [torch.randn(payload.PREMAP_MIN_BYTES // 4)]
     mapping = writer.map
     writer.write(out, payload.PREMAP_MIN_BYTES)
     assert writer.map is mapping  # the start-up's mapping, not a new one
     got = decode(describe(out), reader.view(payload.PREMAP_MIN_BYTES), torch.device("cpu"))
-    assert torch.equal(got[0], out[0]) and len(reader.map) == payload.PREMAP_MIN_BYTES
+    assert torch.equal(got[0], out[0]) and reader.map is judges  # nor the judge's
     bigger = [torch.randn(payload.PREMAP_MIN_BYTES // 4 + 1024)]
     writer.write(bigger, bigger[0].numel() * 4)
     got = decode(describe(bigger), reader.view(bigger[0].numel() * 4), torch.device("cpu"))
@@ -377,14 +380,16 @@ def get_init_inputs():
 ''')
 
 
-def test_spares_started_after_a_large_output_map_their_memfd_at_start_up_and_judge_as_before(ev):
-    """The judge records a problem's output bytes and sizes the memfds of the spares it starts for that problem's
-    next evaluations (RunnerPool.payload_hint): their runners map them at start-up (the "payload" phase), and the
-    verdicts are those of a fresh memfd. A small problem after them uses the pipe as before."""
+def test_runners_map_their_memfd_for_a_problems_known_output_size_before_the_device_lock(ev):
+    """The evaluator records a problem's output bytes; the next evaluations' runners map their memfds for them as
+    the job prepares them (before the device lock), and the spares started for them at their start-up (the
+    "payload" phase). The verdicts are those of the first, and a small problem after them uses the pipe."""
     untimed = CONFIG.replace(timing=False)
     results = [ev.evaluate(SEVENTY_TWO_MB, reference_as_candidate(SEVENTY_TWO_MB), config=untimed) for _ in range(4)]
     assert all(r.status == "correct" and r.worker["shm_payloads"] >= 1 for r in results), [
         (r.status, r.error) for r in results]
+    assert results[0].correctness["output_bytes"] == 4096 * 4608 * 4
+    assert results[0].worker["payload_premap_s"] == 0.0 and results[1].worker["payload_premap_s"] > 0.0
     phases = [r.worker["runner_startup_phases"] for r in results]
     assert "payload" not in phases[0] and any("payload" in p for p in phases[2:]), phases
     small = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
