@@ -448,6 +448,7 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       # when a new build went into the cache: right after the load, or once the runner was gone
                       build_kept=runner["build_kept"] if runner.get("build_kept") in ("at_load", "at_exit") else None,
                       shm_payloads=int(runner.get("shm_payloads") or 0),
+                      device_payloads=int(runner.get("device_payloads") or 0),  # through GPU memory (device_payload.py)
                       payload_pinned=bool(runner.get("payload_pinned")),
                       # per memfd payload: the runner's copy in, the judge's mapping, its copy out and hash
                       payload_seconds=_payload_seconds(runner.get("payload_seconds")),

@@ -110,3 +110,14 @@ def test_a_large_payload_buffer_is_kept_for_the_next_call_of_the_same_size():
     first, second = runner._receive_buffer(big)[0], runner._receive_buffer(big)[0]
     assert first.data_ptr() == second.data_ptr() and first.numel() == big
     assert runner._receive_buffer(big + 8)[0].numel() == big + 8
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decoded_outputs_share_nothing_with_bytes_already_on_their_device(device):
+    """A device buffer's bytes are on the judge's device already (device_payload.py): ``.to(device)`` alone would
+    return them as they are, and the runner could change the judged outputs after the commitment check."""
+    out = torch.arange(12, dtype=torch.float32, device=device).reshape(3, 4)
+    flat = out.reshape(-1).view(torch.uint8).clone()
+    got = decode(describe([out]), flat, torch.device(device, 0) if device == "cuda" else torch.device(device))[0]
+    flat.fill_(0)
+    assert torch.equal(got, out)

@@ -215,6 +215,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "build_reused": result.get("build_reused"),
                                 "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
+                                "device_payloads": runner.device_payloads,
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "payload_seconds": runner.payload_seconds,
                                 "payload_premap_s": runner.premap_seconds,

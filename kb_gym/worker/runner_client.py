@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, header_diet, launch_shim, payload, pch, process
+from kb_gym.worker import build_cache, device_digest, device_payload, header_diet, launch_shim, payload, pch, process
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import (
@@ -165,13 +165,21 @@ class RunnerProcess:
         payload_fd = payload.create()  # large outputs come back through it (payload.py)
         self.payload = (payload.PayloadReader(payload_fd, pin=payload.pin_wanted(device))
                         if payload_fd is not None else None)
-        # outputs of this size expected (RunnerPool.payload_hint): the runner maps its memfd at start-up, the judge
-        # once it is ready
-        self.premap_bytes = payload_bytes if payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES \
-            and self.payload is not None else 0
+        # outputs of this size expected (RunnerPool.payload_hint): through GPU memory the judge owns where asked for
+        # (device_payload.py), else the runner maps its memfd for them at start-up and the judge once it is ready
+        expected = payload_bytes if payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES else 0
+        self.device_payload: device_payload.DeviceBuffer | None = None
+        device_fd = None
+        if expected and device_payload.wanted(device) and expected <= device_payload.MAX_BYTES:
+            try:
+                self.device_payload, device_fd = device_payload.DeviceBuffer.create(self.torch_device, expected)
+            except (device_payload.DriverError, RuntimeError):
+                self.device_payload, device_fd = None, None
+        self.premap_bytes = expected if self.payload is not None and self.device_payload is None else 0
         if self.premap_bytes:
             self.payload.reserve(self.premap_bytes)
         self.premap_seconds = 0.0  # the runner's mapping of its memfd when the job prepared it (prepare)
+        self.device_payloads = 0  # calls whose outputs came through it
         self.shm_payloads = 0  # calls whose outputs came through the memfd
         # where each memfd payload's time goes (protocol.PAYLOAD_PARTS; the runner's copy in holds its mapping and
         # page-locking on its first call)
@@ -180,18 +188,24 @@ class RunnerProcess:
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
-            extra = [payload_fd] if payload_fd is not None else []
-            if extra:
+            extra = [fd for fd in (payload_fd, device_fd) if fd is not None]
+            if payload_fd is not None:
                 env[payload.ENV_FD] = "3"
+            if device_fd is not None:  # numbered after the standard three and the memfd, in the child
+                env[device_payload.ENV_FD] = str(3 + extra.index(device_fd))
+                env[device_payload.ENV_BYTES] = str(self.device_payload.size)
             try:
                 self.pid = zygote.spawn(device, str(self.scratch), env, namespaces,
                                         [ends[0][0], ends[1][1], ends[2][1], *extra])
             except BaseException:
                 self._drop_payload()
+                self._drop_device_payload()
                 raise
             finally:
                 for fd in (ends[0][0], ends[1][1], ends[2][1]):
                     os.close(fd)
+                if device_fd is not None:  # the runner holds its own now
+                    os.close(device_fd)
             self.stdin_fd, stdout_fd = ends[0][1], ends[1][0]
             stderr = os.fdopen(ends[2][0], "rb", buffering=0)
         else:  # a fresh interpreter in fresh namespaces: seconds
@@ -204,14 +218,21 @@ class RunnerProcess:
                    "--device", device, "--scratch", str(self.scratch), *isolation]
             if payload_fd is not None:
                 env[payload.ENV_FD] = str(payload_fd)
+            if device_fd is not None:
+                env[device_payload.ENV_FD] = str(device_fd)
+                env[device_payload.ENV_BYTES] = str(self.device_payload.size)
             try:
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,
                                              cwd=str(self.scratch),
-                                             pass_fds=(payload_fd,) if payload_fd is not None else ())
+                                             pass_fds=tuple(fd for fd in (payload_fd, device_fd) if fd is not None))
             except BaseException:
                 self._drop_payload()
+                self._drop_device_payload()
                 raise
+            finally:
+                if device_fd is not None:
+                    os.close(device_fd)
             self.pid = self.proc.pid
             self.stdin_fd, stdout_fd, stderr = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr
         _widen_pipe(stdout_fd)
@@ -324,6 +345,8 @@ class RunnerProcess:
         outside the device lock (payload.PREMAP_MIN_BYTES), where the runner's start-up did not already."""
         premap = payload_bytes if (self.payload is not None and
                                    payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES) else 0
+        if self.device_payload is not None and self.device_payload.size >= payload_bytes:
+            premap = 0  # they come through the device buffer
         if premap:
             self.payload.reserve(premap)
         self._send({"type": "prepare", "problem_code": problem_code, "init_seed": init_seed, "precision": precision,
@@ -384,7 +407,7 @@ class RunnerProcess:
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
             committed = commitment(tensors, nonce, self.device_digest)
-            if msg.get("payload_via") == "shm":
+            if msg.get("payload_via") in ("shm", "device"):
                 self._note_payload("copy_out", t_out)
             if committed != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
@@ -505,7 +528,7 @@ class RunnerProcess:
         to release after decoding."""
         if msg.get("payload_bytes") != nbytes:
             raise WireError("the announced payload does not match the outputs described")
-        data = self._shared_payload(nbytes, timeout) if msg.get("payload_via") == "shm" else None
+        data = self._shared_payload(nbytes, timeout) if msg.get("payload_via") in ("shm", "device") else None
         if data is not None:
             return data, None
         # through the pipe: from the start, or after the shared copy failed in the runner
@@ -518,8 +541,6 @@ class RunnerProcess:
     def _shared_payload(self, nbytes: int, timeout: float) -> torch.Tensor | None:
         """The bytes the runner copied into the shared memfd after "done", once it says they are there; None
         when it says they follow through the pipe instead (its copy into the memfd failed)."""
-        if self.payload is None:
-            raise WireError("the runner sent its outputs through shared memory it was never given")
         t_wait = time.perf_counter()
         msg = self._read(transfer_wait(nbytes, timeout))
         if msg.get("type") != "payload" or msg.get("bytes") != nbytes:
@@ -527,6 +548,17 @@ class RunnerProcess:
         if msg.get("via") == "pipe":
             return None
         self._note_payload("runner_copy", t_wait)
+        if msg.get("via") == "device":  # the judge's device buffer: read where it lies (decode clones it)
+            if self.device_payload is None:
+                raise WireError("the runner sent its outputs through a device buffer it was never given")
+            try:
+                view = self.device_payload.bytes(nbytes)
+            except ValueError as exc:
+                raise WireError(str(exc)) from None
+            self.device_payloads += 1
+            return view
+        if self.payload is None:
+            raise WireError("the runner sent its outputs through shared memory it was never given")
         t_map = time.perf_counter()
         try:
             view = self.payload.view(nbytes)
@@ -581,6 +613,11 @@ class RunnerProcess:
         finally:
             sandbox.thaw(procs)
 
+    def _drop_device_payload(self) -> None:
+        if self.device_payload is not None:
+            self.device_payload.close()
+            self.device_payload = None
+
     def _drop_payload(self) -> None:
         """Close the memfd (also where the runner's start failed: it may still have been forked with it)."""
         if self.payload is not None:
@@ -614,6 +651,7 @@ class RunnerProcess:
             self._fds = []
         gone = sandbox.wait_gone(tree, timeout=10.0)
         self._drop_payload()
+        self._drop_device_payload()
         if keep is not None and gone:
             try:
                 keep(self.scratch)

@@ -148,7 +148,8 @@ def decode(meta: list[dict[str, Any]], data: Any, device: torch.device) -> list[
         offset += n
         where = device if item.get("device") == "cuda" else torch.device("cpu")
         # a copy either way: the judge's tensor shares nothing with the bytes it was read from
-        copied = None if not n else raw.to(where) if where.type == "cuda" else raw.clone()
+        # (copy=True: bytes already on ``where``, in a device buffer the runner can still write, are cloned too)
+        copied = None if not n else raw.to(where, copy=True)
         try:  # only the shape is the runner's here (a device error in the copy above is not)
             t = copied.view(dtype).reshape(item["shape"]) if n else torch.empty(item["shape"], dtype=dtype,
                                                                                device=where)

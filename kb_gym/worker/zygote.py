@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -74,7 +75,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        for target, fd in enumerate(fds):  # stdin, stdout, stderr, and the payload memfd where there is one
+        # stdin, stdout, stderr, the payload memfd and the device buffer's handle where there are: moved out of the
+        # way first, so that no dup2 overwrites a descriptor a later one still has to move
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in fds]
+        for target, fd in enumerate(moved):
             os.dup2(fd, target)
         os.closerange(len(fds), 1 << 16)
         os.environ.clear()
