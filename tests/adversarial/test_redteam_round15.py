@@ -22,10 +22,11 @@ credit. Fixed in the same session, each asserted below:
 
 Open (strict xfail, docs/integrity.md Open): moves across shapes (PyTorch computes the answer's halves, or a
 padded answer, and the kernel concatenates or crops: no tensor of the output's size holds it), taint per storage
-(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), and numpy computing the answer outside the dispatcher. And two false positives: a BatchNorm
+(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), and numpy computing the answer outside the dispatcher. And one false positive: a BatchNorm
 with fresh running statistics as the only kernel after PyTorch's Linear (its work is within the tolerance: it
-cannot be told from a kernel adding a negligible term to PyTorch's answer), and a loss whose kernel's partial sums
-are finished on the host with ``.item()`` (taint does not follow a Python number).
+cannot be told from a kernel adding a negligible term to PyTorch's answer). A loss whose kernel's partial sums are
+finished on the host with ``.item()`` or ``.tolist()`` keeps its credit since session 27 (dataflow.FROM_HOST), and
+PyTorch's sum taken to the host beside a kernel's number stays a token (three attacks below).
 """
 
 from __future__ import annotations
