@@ -140,15 +140,20 @@ def test_a_mapping_that_cannot_be_page_locked_still_carries_the_outputs(monkeypa
     writer.close()
 
 
-SIX_MB = Problem(id=3, name="3_AddOneLarge", level=1, code='''import torch
+def add_one(problem_id: int, name: str, rows: int, cols: int) -> Problem:
+    """``x + 1`` over a ``rows`` x ``cols`` float32 input: outputs of 4 * rows * cols bytes."""
+    return Problem(id=problem_id, name=name, level=1, code=f'''import torch
 class Model(torch.nn.Module):
     def forward(self, x):
         return x + 1
 def get_inputs():
-    return [torch.randn(1024, 1536)]
+    return [torch.randn({rows}, {cols})]
 def get_init_inputs():
     return []
 ''')
+
+
+SIX_MB = add_one(3, "3_AddOneLarge", 1024, 1536)
 
 
 @pytest.fixture(scope="module")
@@ -369,15 +374,7 @@ def test_a_memfd_sized_before_the_runner_starts_is_mapped_on_both_sides_before_t
     writer.close()
 
 
-SEVENTY_TWO_MB = Problem(id=4, name="4_AddOneLarger", level=1, code='''import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return x + 1
-def get_inputs():
-    return [torch.randn(4096, 4608)]
-def get_init_inputs():
-    return []
-''')
+SEVENTY_TWO_MB = add_one(4, "4_AddOneLarger", 4096, 4608)
 
 
 def test_runners_map_their_memfd_for_a_problems_known_output_size_before_the_device_lock(ev):
