@@ -157,6 +157,9 @@ class Evaluator(EvaluationAPI):
         # problem code -> its reference's output bytes, from any worker's evaluations: the judge maps a runner's
         # memfd for them before the device lock (payload.PREMAP_MIN_BYTES)
         self._output_bytes: dict[str, int] = {}
+        # (device, calibration key) -> the newest calibration a judge's pristine spare measured there: passed with the
+        # jobs of the same problem to the device's other judges (job._adopt)
+        self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Evaluator:
@@ -300,6 +303,19 @@ class Evaluator(EvaluationAPI):
         self._queue.put((job, problem, cfg, findings, future, time.perf_counter()))
         return future
 
+    def _keep_calibrations(self, device: str, measured: Any) -> None:
+        """A judge's fresh calibrations (job._calibration), the newest per key and device."""
+        for entry in measured if isinstance(measured, list) else []:
+            try:
+                key = tuple(entry["key"])
+                newer = float(entry["measured_at"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            with self._lock:
+                kept = self._calibrations.get((device, key))
+                if kept is None or newer > float(kept["measured_at"]):
+                    self._calibrations[(device, key)] = entry
+
     def _serve(self, handle: WorkerHandle) -> None:
         while True:
             item = self._queue.get()
@@ -335,12 +351,16 @@ class Evaluator(EvaluationAPI):
             self._run_on(handle, base_job, problem, cfg, [], time.perf_counter(), implicit=True)
             job["cached_baseline"] = self._cached_baseline(handle, problem, cfg)
         started = time.perf_counter()
+        problem_hash = hashlib.sha256(problem.code.encode()).hexdigest()
         with self._lock:
             job["payload_hint"] = self._output_bytes.get(problem.code, 0)
+            job["calibrations"] = [entry for (device, key), entry in self._calibrations.items()
+                                   if device == handle.device and key[0] == problem_hash]
         try:
             raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
         except WorkerDied as exc:
             raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
+        self._keep_calibrations(handle.device, raw.pop("calibrations", None))
         output_bytes = (raw.get("correctness") or {}).get("output_bytes")
         if isinstance(output_bytes, int) and output_bytes > 0:
             with self._lock:

@@ -452,3 +452,22 @@ def test_a_worker_that_fails_to_start_once_is_started_again_before_the_job(relu,
         failures[0] = 2
         r = ev.evaluate(relu, WRONG_RELU)
     assert r.status == "crash" and "a stand-in failure" in r.error, (r.status, r.error)
+
+
+def test_a_calibration_one_worker_measured_serves_the_devices_other_worker(relu):
+    """The envelope's calibration (a pristine spare timing the reference) is measured once per problem and device,
+    not once per worker: the evaluator passes a judge's fresh one to its other judges with the problem's jobs. So of
+    several sequential evaluations spread over two workers only the first measures one; the others are judged
+    against it (its age spans the evaluations between)."""
+    cfg = EvalConfig(trials=1, timing_min_reps=3, timing_max_reps=6, timing_warmup=1, integrity="off")
+    with Evaluator("cpu", config=cfg, results_path=False, baseline_cache=False, workers_per_device=2) as ev:
+        ev.warm()
+        results = [ev.evaluate(relu, as_candidate(relu)) for _ in range(4)]
+        stats = ev.worker_stats
+    assert all(r.status == "correct" for r in results), [(r.status, r.error) for r in results]
+    assert all(w["jobs"] >= 1 for w in stats), stats  # both judges took some: the other judge's path ran
+    ages = [r.correctness["envelope"]["calibration_age_s"] for r in results]
+    timing = [r.stage_seconds["timing"] for r in results]
+    assert ages[0] <= timing[0], (ages, timing)  # measured in its own timing stage
+    for k in range(1, 4):  # measured before this evaluation's timing stage began: by the first
+        assert ages[k] > timing[k], (ages, timing)

@@ -79,6 +79,7 @@ class WorkerContext:
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
         self.output_bytes: dict[str, int] = {}  # problem code -> its reference's output bytes (RunnerPool.payload_hint)
+        self.measured_calibrations: list[dict[str, Any]] = []  # measured since the last result was sent (_adopt)
         if self.pool is not None:
             self.pool.prestart()
 
@@ -233,6 +234,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         _cleanup(ctx, job_dir, result)
         # The runner's tree killed and waited for, and the judge's clean-up: held with the device (workers.py).
         result["stage_seconds"]["teardown"] = time.perf_counter() - teardown
+        # what this judge's pristine spares measured, for the evaluator to pass to its other judges (_adopt)
+        result["calibrations"], ctx.measured_calibrations = ctx.measured_calibrations, []
     return result
 
 
@@ -442,6 +445,7 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     tf32 = bool(cfg.get("tf32", False))
     # the path a call takes (whole outputs or chunks) is part of its overhead, and so is building widened inputs
     key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes, widen)
+    _adopt(ctx, key, job.get("calibrations"))
     kept = ctx.calibrations.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
         return kept[1]
@@ -463,7 +467,29 @@ def _calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             return None
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
+        if reuse:  # for the evaluator to pass to its other judges on this device (_adopt)
+            ctx.measured_calibrations.append({"key": list(key), "overhead_ms": calibration.overhead_ms,
+                                              "spread_ms": calibration.spread_ms,
+                                              "measured_at": calibration.measured_at})
     return calibration
+
+
+def _adopt(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
+    """A calibration another judge of this device measured for the problem (the evaluator passes them with the job),
+    kept where it is newer than this judge's own: each judge measuring its own costs 0.2-0.7 s of held device time
+    per problem (docs/benchmarks.md 0u). Calibrations come from pristine spares only, in judges: what a runner says
+    never reaches them. ``measured_at`` is time.monotonic(), one clock for every process of the host."""
+    for entry in shared if isinstance(shared, list) else []:
+        try:
+            if tuple(entry["key"]) != key:
+                continue
+            measured = float(entry["measured_at"])
+            calibration = Calibration(float(entry["overhead_ms"]), float(entry["spread_ms"]), measured)
+        except (KeyError, TypeError, ValueError):
+            continue
+        kept = ctx.calibrations.get(key)
+        if measured <= time.monotonic() and (kept is None or measured > kept[1].measured_at):
+            ctx.calibrations[key] = (measured, calibration)
 
 
 def _compile_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,
