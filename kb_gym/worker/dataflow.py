@@ -32,20 +32,18 @@ the flip back), moves across shapes (PyTorch computes the answer's halves or a p
 concatenates or crops), work PyTorch does in place in a storage a kernel wrote part of (taint is per storage), a
 kernel that computes a sliver of the answer (the knockout's sliver rule holds it under 0.2%), compute outside the
 dispatcher (numpy), writes through pointers to tensors the launch was not given, and a candidate that tells the
-traced call (an active dispatch mode) and behaves there. And one honest case it calls a token: a kernel whose whole
-work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel).
-
-Taint does not follow a Python number, so a kernel's result finished on the host (partial sums through ``.item()``
-or ``.tolist()``, then ``torch.tensor(total / n)``) would read as PyTorch's. A tensor made from Python numbers
-(FROM_HOST) is the kernels' where the forward took at least as many numbers to the host from their tensors and none
-from PyTorch's (an untainted ``.item()``, device-to-host copy, ``.tolist()`` or ``.numpy()``): PyTorch's loss taken
-to the host beside a kernel's number stays PyTorch's.
+traced call (an active dispatch mode) and behaves there. And two honest cases it calls tokens: a kernel whose whole
+work is within the tolerance of PyTorch's result (a BatchNorm with fresh running statistics as the only kernel), and
+a kernel's result finished on the host through ``.item()`` or ``.tolist()`` (taint does not follow a Python number).
+Session 27 tried counting a tensor made from Python numbers as the kernels' where the forward took numbers to the
+host only from their tensors; round 18 got PyTorch's answer through it 17 ways of 24 (unwatched host reads, PyTorch's
+value carried in a kernel's tensor, host-made constants), and it was taken out: the principled route is following
+the numbers' values, not counting them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import weakref
 from collections import Counter
@@ -72,12 +70,6 @@ SAMPLES = 4096  # positions at which an output is compared with what PyTorch com
 # read (an honest one makes tens to hundreds): the judge then takes the answer for PyTorch's (round 15: a flood of
 # results ran a first-come budget out before the answer was made)
 MAX_SAMPLED = 50_000
-# Ops that make a tensor from Python numbers (``torch.tensor(v)``, ``torch.full((), v)``): where the forward took
-# numbers to the host only from the kernels' tensors (``.item()``), such a tensor of no more elements than it took
-# carries their work (a loss a kernel sums in parts and the host finishes: a common LLM habit)
-FROM_HOST = frozenset({"lift_fresh", "lift_fresh_copy", "scalar_tensor", "full"})
-# Tensor methods that read values on the host outside the dispatcher (a CPU tensor's): watched while tracing
-HOST_READS = ("tolist", "numpy", "__array__")
 # live tensors a kernel's result is compared with, in one forward, to see whether an op undid the kernel's work; past
 # it the results stay the kernel's (an honest forward compares tens to thousands; the budget bounds a flood's cost)
 MAX_UNDO_VISITS = 50_000
@@ -135,40 +127,7 @@ class DataflowTrace(TorchDispatchMode):
         self.writes: dict[str, list[Fingerprint]] = {}  # "kernel#occurrence" -> what it wrote, this run
         self.occurrences: Counter[str] = Counter()
         self.quiet = 0  # > 0 inside a candidate's launch or our own bookkeeping: ops run, unrecorded
-        # numbers taken to the host from tainted tensors (``.item()``), and whether PyTorch's own values went there
-        # too (an ``.item()`` or a copy to the host of an untainted tensor): then no number made into a tensor is
-        # known to be the kernels' (FROM_HOST)
-        self.host_numbers = 0
-        self.host_pytorch = False
         self.stats: Counter[str] = Counter()
-
-    def __enter__(self) -> DataflowTrace:
-        self._real_reads = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-        for name, real in self._real_reads.items():
-            setattr(torch.Tensor, name, self._watched(real))
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return super().__exit__(*exc)
-        finally:
-            for name, real in self._real_reads.items():
-                setattr(torch.Tensor, name, real)
-
-    def _watched(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        """``real`` (a host read, HOST_READS) noting whose values it takes to the host (_note_host)."""
-        trace = self
-
-        @functools.wraps(real)
-        def read(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if not trace.quiet and isinstance(t, torch.Tensor):
-                if trace.is_tainted(t):
-                    trace.host_numbers += t.numel()
-                else:
-                    trace.host_pytorch = True
-            return real(t, *args, **kwargs)
-
-        return read
 
     # --- the state of a tensor ----------------------------------------------------------------------------------
 
@@ -287,15 +246,7 @@ class DataflowTrace(TorchDispatchMode):
         # an op whose body a kernel's work went into (a torch.library custom op around a Triton kernel) is theirs
         # whatever its inputs were; one whose launches only copied or wrote constants is not (round 15)
         views = all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-        name = func.overloadpacket.__name__
-        tainted = self.stats["kernel_writes"] != worked or any(self.is_tainted(t) for t in reads)
-        self._note_host(name, tainted, reads, outputs + written)
-        if not tainted and name in FROM_HOST and self._from_kernel_numbers(outputs):
-            self.stats["host_finished"] += 1
-            for t in outputs:
-                self._taint(t)
-            return out
-        if tainted:
+        if self.stats["kernel_writes"] != worked or any(self.is_tainted(t) for t in reads):
             self.stats["tainted_ops"] += 1
             for t in {id(t): t for t in outputs + written}.values():
                 if not views and self._undone(t):
@@ -313,28 +264,6 @@ class DataflowTrace(TorchDispatchMode):
             # a view's values were sampled where its base was made; a factory's (empty, zeros, full) follow no input
             self.remember(t, computed=not views and bool(reads) and func.overloadpacket.__name__ not in FILLS)
         return out
-
-    def _note_host(self, name: str, tainted: bool, reads: list[torch.Tensor], results: list[torch.Tensor]) -> None:
-        """Count the numbers the forward takes to the host: ``.item()`` of a kernel's tensor, or any of PyTorch's
-        values (an untainted ``.item()``, or an untainted copy from a device to the host; HOST_READS are counted
-        where they are called)."""
-        if name == "_local_scalar_dense":
-            if tainted:
-                self.host_numbers += 1
-            else:
-                self.host_pytorch = True
-        elif (not tainted and any(r.device.type != "cpu" for r in reads)
-              and any(t.device.type == "cpu" for t in results)):
-            self.host_pytorch = True
-
-    def _from_kernel_numbers(self, outputs: list[torch.Tensor]) -> bool:
-        """Whether a tensor made from Python numbers can only hold the kernels' (FROM_HOST): the forward took as many
-        numbers from their tensors and none of PyTorch's. A number PyTorch computed reaches the host through an
-        ``.item()``, a device-to-host copy or a HOST_READS method, all seen here; a candidate could read memory
-        through other means (a pointer, a storage's bytes), as it can compute outside the dispatcher (docs/integrity.md,
-        Open): like the rest of the trace, this is its own process's report."""
-        return (self.host_numbers > 0 and not self.host_pytorch and bool(outputs)
-                and all(t.numel() <= self.host_numbers for t in outputs))
 
     def _undone(self, t: torch.Tensor) -> bool:
         """Whether ``t``, an op's result over a kernel's, holds none of the kernel's work: its whole value is exactly

@@ -22,11 +22,12 @@ credit. Fixed in the same session, each asserted below:
 
 Open (strict xfail, docs/integrity.md Open): moves across shapes (PyTorch computes the answer's halves, or a
 padded answer, and the kernel concatenates or crops: no tensor of the output's size holds it), taint per storage
-(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), and numpy computing the answer outside the dispatcher. And one false positive: a BatchNorm
+(a kernel writes a spare column of a buffer, PyTorch computes the answer in place in the rest), and numpy computing the answer outside the dispatcher. And two false positives: a BatchNorm
 with fresh running statistics as the only kernel after PyTorch's Linear (its work is within the tolerance: it
-cannot be told from a kernel adding a negligible term to PyTorch's answer). A loss whose kernel's partial sums are
-finished on the host with ``.item()`` or ``.tolist()`` keeps its credit since session 27 (dataflow.FROM_HOST), and
-PyTorch's sum taken to the host beside a kernel's number stays a token (three attacks below).
+cannot be told from a kernel adding a negligible term to PyTorch's answer), and a loss whose kernel's partial sums
+are finished on the host with ``.item()`` or ``.tolist()`` (taint does not follow a Python number; session 27's rule
+for it was taken out after round 18, and PyTorch's sum taken to the host beside a kernel's number, three attacks
+below, stays a token).
 """
 
 from __future__ import annotations
@@ -686,11 +687,11 @@ def test_turning_the_dispatchers_modes_off_is_rejected(ev):
 
 @pytest.mark.parametrize(("problem", "source"), [
     (P_LINEARGELU, A05), (P_MSE, A09), (P_SOFTMAX, A10), (P_ARGMAX, A12), (P_RELUOFTRANSPOSE, A14), (P_RELU, A16),
-    (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23), (P_MSE, A19), (P_MSE, A19b)
+    (P_TRANSPOSE, A21), (P_RELUCATSKIP, A23)
 ], ids=[
     "torch_matmul_then_triton_bias_gelu", "mse_scalar_atomic", "softmax_torch_rowmax", "argmax_int64",
     "strided_input", "torch_library_custom_op", "transpose_problem_strided_kernel",
-    "cat_skip_two_launches_work_then_copy", "mse_partials_item_host_finish", "mse_partials_tolist_host_finish"
+    "cat_skip_two_launches_work_then_copy"
 ])
 def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)
@@ -711,11 +712,11 @@ def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, sourc
     assert "token_kernel" in r.flags, (r.flags, r.correctness.get("dataflow"))
 
 
-@pytest.mark.xfail(strict=True, reason="open: work within the tolerance of PyTorch's result")
+@pytest.mark.xfail(strict=True, reason="open: work within the tolerance of PyTorch's result; taint through .item()")
 @pytest.mark.parametrize(("problem", "source"), [
-    (P_LINEARBATCHNORM, A18)
+    (P_LINEARBATCHNORM, A18), (P_MSE, A19), (P_MSE, A19b)
 ], ids=[
-    "torch_linear_then_triton_batchnorm"
+    "torch_linear_then_triton_batchnorm", "mse_partials_item_host_finish", "mse_partials_tolist_host_finish"
 ])
 def test_open_an_honest_kernel_keeps_its_credit(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)

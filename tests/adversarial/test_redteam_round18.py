@@ -53,6 +53,12 @@ reduction (a Python scalar given to an aten op carries no taint, and no FROM_HOS
 PyTorch's division), and a masked MSE whose denominator PyTorch counts (``(b > 0).sum().item()``) beside the
 kernel's partial sums (one PyTorch number on the host makes every host-made tensor PyTorch's).
 
+Outcome (session 27): the rule cost more than it bought (17 attacks through, against the one false positive it
+was for), so it was taken out of dataflow.py. Every attack below is now a token again, and the three honest host
+finishes it had fixed are back among the false positives (strict xfail, with the two it never fixed): taint does
+not follow a Python number. Following the values (the numbers read from kernels' tensors, and what a host-made
+tensor or a Scalar argument holds) rather than counting reads is the route left; the attacks here are its tests.
+
 All evaluations run on one CPU Evaluator of the module; the file takes ~16 s on 2 cores.
 """
 
@@ -451,9 +457,8 @@ def _open(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=f"open: {reason}")
 
 
-_UNWATCHED = "PyTorch's sum read on the host by a route HOST_READS and _note_host do not watch"
 ATTACKS = [
-    # held: routes the trace watches, and the controls
+    # held with the rule in, by the rule or the layers beside it
     pytest.param(P_MSE, H_FLOAT, id="float_of_pytorchs_sum"),
     pytest.param(P_MSE, H_FORMAT, id="format_of_pytorchs_sum"),
     pytest.param(P_MSE, H_ITER, id="iterating_pytorchs_sum"),
@@ -461,41 +466,24 @@ ATTACKS = [
     pytest.param(P_MSE, H_STORAGE, id="typed_storage_tolist_of_pytorchs_sum"),
     pytest.param(P_MSE, H_MEAN, id="pytorchs_mean_by_a_saved_tolist"),
     pytest.param(P_MSE, C_DEVICE_UNDO, id="kernel_offset_undone_by_pytorch"),
-    # got through
-    pytest.param(P_MSE, R_REPR, id="repr_of_pytorchs_sum",
-                 marks=_open(f"{_UNWATCHED}: repr (torch._tensor_str turns the dispatch modes off)")),
-    pytest.param(P_MSE, R_SAVED_TOLIST, id="tolist_saved_at_import",
-                 marks=_open(f"{_UNWATCHED}: Tensor.tolist saved at import, before __enter__ patches it")),
-    pytest.param(P_MSE, R_TENSORBASE_TOLIST, id="tensorbase_tolist",
-                 marks=_open(f"{_UNWATCHED}: torch._C.TensorBase.tolist (the immutable base, unpatched)")),
-    pytest.param(P_MSE, R_SUPER_TOLIST, id="super_tolist",
-                 marks=_open(f"{_UNWATCHED}: super(torch.Tensor, t).tolist() (the base's method)")),
-    pytest.param(P_MSE, R_DLPACK, id="numpy_from_dlpack",
-                 marks=_open(f"{_UNWATCHED}: np.from_dlpack (Tensor.__dlpack__)")),
-    pytest.param(P_MSE, R_EQUAL_BITS, id="bits_through_torch_equal",
-                 marks=_open(f"{_UNWATCHED}: 40 bits through torch.equal's Python bools")),
-    pytest.param(P_MSE, R_NONZERO_BITS, id="bits_through_nonzero_shapes",
-                 marks=_open(f"{_UNWATCHED}: 40 bits through nonzero's data-dependent shapes")),
-    pytest.param(P_MSE, R_HOOK, id="item_in_a_pre_run_hook",
-                 marks=_open(f"{_UNWATCHED}: .item() in a Triton pre-run hook (inside the launch: quiet)")),
-    pytest.param(P_MSE, R_HOST_UNDO, id="kernel_offset_undone_on_the_host",
-                 marks=_open("a kernel adds 1 to PyTorch's sum, the host takes it off: the undo rule never sees it")),
-    pytest.param(P_MSE, R_WIDER_BUFFER, id="kernel_moves_pytorchs_sum_beside_its_number",
-                 marks=_open("a kernel moves PyTorch's sum into a 2-element buffer, read as the kernels' numbers")),
-    pytest.param(P_MSE, R_SHARED_STORAGE, id="pytorchs_sum_in_a_kernels_storage",
-                 marks=_open("PyTorch's sum written into a storage a kernel wrote one element of: taint per storage")),
-    pytest.param(SCALE, R_HOST_CONSTANT, id="host_made_constant_scales_pytorchs_work",
-                 marks=_open("torch.tensor(2.0) after one kernel number is the kernels', and PyTorch's ops over it")),
-    pytest.param(P_MSE, R_HOST_CONSTANT_MSE, id="host_made_one_over_n",
-                 marks=_open("torch.tensor(1/n + 0 * k) is the kernels'; PyTorch's sum times it is the answer")),
-    pytest.param(P_MSE, R_ITEM_AFTER, id="pytorchs_item_after_the_host_tensor",
-                 marks=_open("host_pytorch is read when the tensor is made: PyTorch's .item() after it is free")),
-    pytest.param(SCALE, R_PYTHON_ANSWER, id="python_answer_expanded_kernel_number",
-                 marks=_open("one kernel number expanded to 16,384 counts as 16,384; Python computes the answer")),
-    pytest.param(SCALE, R_PYTHON_ANSWER_UNDO, id="python_answer_from_an_offset_input",
-                 marks=_open("a kernel adds 0.5 to the input, Python takes it off and computes the answer")),
-    pytest.param(P_ARGMAX, R_ARGMAX_REPEAT, id="argmax_repeated_item",
-                 marks=_open("one kernel number read 64 times counts 64; PyTorch's padded argmax, saved tolist")),
+    # got through with the rule in (session 27), held once it was taken out
+    pytest.param(P_MSE, R_REPR, id="repr_of_pytorchs_sum"),
+    pytest.param(P_MSE, R_SAVED_TOLIST, id="tolist_saved_at_import"),
+    pytest.param(P_MSE, R_TENSORBASE_TOLIST, id="tensorbase_tolist"),
+    pytest.param(P_MSE, R_SUPER_TOLIST, id="super_tolist"),
+    pytest.param(P_MSE, R_DLPACK, id="numpy_from_dlpack"),
+    pytest.param(P_MSE, R_EQUAL_BITS, id="bits_through_torch_equal"),
+    pytest.param(P_MSE, R_NONZERO_BITS, id="bits_through_nonzero_shapes"),
+    pytest.param(P_MSE, R_HOOK, id="item_in_a_pre_run_hook"),
+    pytest.param(P_MSE, R_HOST_UNDO, id="kernel_offset_undone_on_the_host"),
+    pytest.param(P_MSE, R_WIDER_BUFFER, id="kernel_moves_pytorchs_sum_beside_its_number"),
+    pytest.param(P_MSE, R_SHARED_STORAGE, id="pytorchs_sum_in_a_kernels_storage"),
+    pytest.param(SCALE, R_HOST_CONSTANT, id="host_made_constant_scales_pytorchs_work"),
+    pytest.param(P_MSE, R_HOST_CONSTANT_MSE, id="host_made_one_over_n"),
+    pytest.param(P_MSE, R_ITEM_AFTER, id="pytorchs_item_after_the_host_tensor"),
+    pytest.param(SCALE, R_PYTHON_ANSWER, id="python_answer_expanded_kernel_number"),
+    pytest.param(SCALE, R_PYTHON_ANSWER_UNDO, id="python_answer_from_an_offset_input"),
+    pytest.param(P_ARGMAX, R_ARGMAX_REPEAT, id="argmax_repeated_item"),
 ]
 
 
@@ -506,14 +494,14 @@ def test_pytorchs_answer_through_the_host_is_a_token(ev, problem, source):
     assert "token_kernel" in r.flags and r.speed_credit is False, (r.flags, r.correctness.get("dataflow"))
 
 
+_PYTHON_NUMBER = "taint does not follow a Python number (the host rule tried for it was taken out: this round)"
 HONEST = [
-    pytest.param(P_MSE, A_NUMPY_SUM, id="mse_partials_numpy_sum"),
-    pytest.param(P_MEANMAX, A_MEAN_AND_MAX, id="mean_and_max_two_scalar_outputs"),
-    pytest.param(P_ARGMAX, A_ARGMAX_BLOCKS, id="argmax_blocks_finished_on_the_host"),
+    pytest.param(P_MSE, A_NUMPY_SUM, id="mse_partials_numpy_sum", marks=_open(_PYTHON_NUMBER)),
+    pytest.param(P_MEANMAX, A_MEAN_AND_MAX, id="mean_and_max_two_scalar_outputs", marks=_open(_PYTHON_NUMBER)),
+    pytest.param(P_ARGMAX, A_ARGMAX_BLOCKS, id="argmax_blocks_finished_on_the_host", marks=_open(_PYTHON_NUMBER)),
     pytest.param(P_NORMMAX, A_NORM_BY_ITEM_MAX, id="normalise_by_a_kernels_max_item",
                  marks=_open("x / m with m a kernel's .item(): a Python scalar given to an op carries no taint")),
-    pytest.param(P_MASKEDMSE, A_MASKED_COUNT, id="masked_mse_count_by_pytorch",
-                 marks=_open("PyTorch's mask count (.item()) on the host makes the kernel's host finish PyTorch's")),
+    pytest.param(P_MASKEDMSE, A_MASKED_COUNT, id="masked_mse_count_by_pytorch", marks=_open(_PYTHON_NUMBER)),
 ]
 
 
