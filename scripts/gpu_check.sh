@@ -47,6 +47,13 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;
     batch) kb bench --batch ${BATCH_ARGS:-} --out "$OUT/batch.json" ;;
+    # Outputs through the judge's device buffer (worker/device_payload.py, off by default until this has run): its
+    # GPU tests, then the batch without and with it, in one call on one machine.
+    devpayload) python3 -P -m pytest -q -p no:cacheprovider -rfE --tb=short -m gpu \
+                  tests/gpu/test_gpu_device_payload.py tests/test_wire.py || return 1
+                kb bench --batch --no-kernelbench-way --workers-per-device 2 --out "$OUT/batch-memfd.json" && \
+                KB_GYM_DEVICE_PAYLOAD=1 kb bench --batch --no-kernelbench-way --workers-per-device 2 \
+                  --out "$OUT/batch-device.json" ;;
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
@@ -147,6 +154,7 @@ grep -E "^[1-4]\." "$OUT/digest.log" 2>/dev/null
 cat "$OUT/payload.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 14 "$OUT/batch.log" 2>/dev/null
+grep -E "^Evaluator:|passed|failed" "$OUT/devpayload.log" 2>/dev/null
 grep -E "wall|per GPU-hour|busy" "$OUT/ray.log" 2>/dev/null | tail -8
 grep -E "^Evaluator:" "$OUT/multi.log" 2>/dev/null
 tail -n 8 "$OUT/refcopy.log" 2>/dev/null
