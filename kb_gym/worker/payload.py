@@ -200,14 +200,17 @@ class PayloadReader(_Mapping):
         super().__init__(fd, pin)
         self._premapping: threading.Thread | None = None
 
-    def premap(self, nbytes: int) -> None:
+    def premap(self, nbytes: int, device: torch.device | None = None) -> None:
         """Map ``nbytes`` in the background (the runner has populated them: premap above), so that the first
-        payload finds the judge's mapping made and page-locked; ``view`` and ``close`` wait for it."""
+        payload finds the judge's mapping made and page-locked; ``view`` and ``close`` wait for it. ``device``: a
+        GPU whose context the thread makes current first (the driver page-locks nothing for a thread without one)."""
         if self._premapping is not None or (self.map is not None and len(self.map) >= nbytes):
             return
 
         def run() -> None:
             try:
+                if self.pin and device is not None and device.type == "cuda":
+                    torch.cuda.synchronize(device)  # the device's primary context, current on this thread
                 self.bytes(nbytes)
             except (OSError, ValueError, RuntimeError):  # the first view maps it, as without
                 pass

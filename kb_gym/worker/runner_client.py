@@ -293,7 +293,7 @@ class RunnerProcess:
         self.rtt_ms = median_ci(rtts)[0]
         self.ready = True
         if self.premap_bytes and self.payload is not None and "payload" in self.info["startup_phases"]:
-            self.payload.premap(self.premap_bytes)
+            self.payload.premap(self.premap_bytes, self.torch_device)
 
     def _send(self, msg: dict[str, Any]) -> None:
         try:
@@ -358,7 +358,7 @@ class RunnerProcess:
             raise StageError("runtime_error", str(reply.get("error", "the runner could not load the problem")))
         if premap and isinstance(reply.get("payload_premap_s"), float) and reply["payload_premap_s"] > 0:
             self.premap_seconds = reply["payload_premap_s"]
-            self.payload.premap(premap)
+            self.payload.premap(premap, self.torch_device)
 
     def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
