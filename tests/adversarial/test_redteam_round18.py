@@ -81,50 +81,28 @@ def ev():
         yield e
 
 
-P_NORMMAX = Problem(id=181, name="181_NormByAbsMax", level=1, code="""import torch
+def _problem(problem_id: int, name: str, args: str, body: str, inputs: str) -> Problem:
+    """A level-1 problem whose ``Model.forward(args)`` is ``body`` (its lines, indented) on ``inputs``."""
+    return Problem(id=problem_id, name=f"{problem_id}_{name}", level=1, code=f"""import torch
 import torch.nn as nn
 
 class Model(nn.Module):
-    def forward(self, x):
-        return x / x.abs().max()
+    def forward(self, {args}):
+{body}
 
 def get_inputs():
-    return [torch.randn(64, 256)]
+    return [{inputs}]
 
 def get_init_inputs():
     return []
 """)
 
 
-P_MEANMAX = Problem(id=182, name="182_MeanAndMax", level=1, code="""import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def forward(self, x):
-        return x.mean(), x.amax()
-
-def get_inputs():
-    return [torch.randn(64, 256)]
-
-def get_init_inputs():
-    return []
-""")
-
-
-P_MASKEDMSE = Problem(id=183, name="183_MaskedMSE", level=1, code="""import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def forward(self, a, b):
-        mask = (b > 0).float()
-        return ((a - b) ** 2 * mask).sum() / mask.sum()
-
-def get_inputs():
-    return [torch.randn(64, 256), torch.randn(64, 256)]
-
-def get_init_inputs():
-    return []
-""")
+P_NORMMAX = _problem(181, "NormByAbsMax", "x", "        return x / x.abs().max()", "torch.randn(64, 256)")
+P_MEANMAX = _problem(182, "MeanAndMax", "x", "        return x.mean(), x.amax()", "torch.randn(64, 256)")
+P_MASKEDMSE = _problem(183, "MaskedMSE", "a, b", "        mask = (b > 0).float()\n"
+                       "        return ((a - b) ** 2 * mask).sum() / mask.sum()",
+                       "torch.randn(64, 256), torch.randn(64, 256)")
 
 
 # A kernel's number: sin of the input's first element (it varies with the input, so it is no constant of the
