@@ -78,7 +78,6 @@ class WorkerContext:
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
-        self.output_bytes: dict[str, int] = {}  # problem code -> its reference's output bytes (RunnerPool.payload_hint)
         self.measured_calibrations: list[dict[str, Any]] = []  # measured since the last result was sent (_adopt)
         if self.pool is not None:
             self.pool.prestart()
@@ -277,10 +276,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if ctx.pool is None:
             raise StageError("crash", "this judge runs no candidates (started without runners)")
         deadline = _deadline(cfg, "load")
-        # this problem's output bytes, from the evaluator (any worker's evaluations) or this judge's: the runner
-        # maps its memfd for them as it prepares, and the spare started in place of it at its start-up
+        # this problem's output bytes, as the evaluator learnt them from any worker's evaluations: the runner maps its
+        # memfd for them as it prepares, and the spare started in place of it at its start-up
         hint = job.get("payload_hint")
-        hint = hint if isinstance(hint, int) and hint > 0 else ctx.output_bytes.get(job["problem_code"], 0)
+        hint = hint if isinstance(hint, int) and hint > 0 else 0
         ctx.pool.payload_hint = hint
         runner = ctx.pool.take()
         state["runner"] = runner
@@ -329,8 +328,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         try:
             run_trials(setup, seeds, seed + 1 + trials, result, state, ctx.speed_of_light_ms)
         finally:
-            if state.get("ref_out_bytes"):
-                ctx.output_bytes[job["problem_code"]] = int(state["ref_out_bytes"])
+            if state.get("ref_out_bytes"):  # for the evaluator's next jobs of this problem (payload_hint)
                 result.setdefault("correctness", {})["output_bytes"] = int(state["ref_out_bytes"])
         stages["correctness"] = time.perf_counter() - t0
         if result.get("status") == "incorrect":

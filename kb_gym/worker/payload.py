@@ -42,6 +42,12 @@ PIN_MIN_BYTES = 64 << 20  # mappings this large are page-locked for the GPU's co
 # page-locking them) against 0.12 s for each later one, all of it inside the device lock (docs/benchmarks.md 0u)
 PREMAP_MIN_BYTES = PIN_MIN_BYTES
 PREMAP_MAX_BYTES = int(float(os.environ.get("KB_GYM_PAYLOAD_PREMAP_GB", "8")) * (1 << 30))
+
+
+def premap_size(nbytes: int) -> int:
+    """``nbytes`` where outputs that large are mapped before the device lock (the PREMAP bounds), else 0."""
+    return nbytes if PREMAP_MIN_BYTES <= nbytes <= PREMAP_MAX_BYTES else 0
+
 ENV_FD = "KB_GYM_PAYLOAD_FD"  # the memfd's number in the runner (set by the judge)
 _HOST_REGISTER_PORTABLE, _HOST_REGISTER_READ_ONLY = 0x01, 0x08  # CU_MEMHOSTREGISTER_*
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
@@ -167,8 +173,8 @@ class PayloadWriter(_Mapping):
         started, if within the PREMAP bounds; returns the seconds it took (0.0 where nothing was mapped)."""
         start = time.perf_counter()
         try:
-            size = os.fstat(self.fd).st_size
-            if not PREMAP_MIN_BYTES <= size <= PREMAP_MAX_BYTES:
+            size = premap_size(os.fstat(self.fd).st_size)
+            if not size:
                 return 0.0
             self.bytes(size)
         except (OSError, ValueError, RuntimeError):  # no memory for it: the first copy maps it, as without

@@ -472,17 +472,17 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
 
     payload = PayloadWriter.from_env(device)
 
-    device_buffer: list[Any] = []  # the judge's device buffer, once CUDA is up (device_payload.py)
+    device_buffer: device_payload.DeviceBuffer | None = None  # the judge's, once CUDA is up (device_payload.py)
 
     def send_tensors(message: dict[str, Any], tensors: list[Any]) -> None:
         # The description first: the judge's clock stops on it, before the bytes are copied out.
         total = sum(m["nbytes"] for m in message["outputs"])
-        if device_buffer and SHM_MIN_BYTES <= total <= device_buffer[0].size and all(
-                isinstance(t, torch.Tensor) and (t.device == device_buffer[0].device or not t.numel())
+        if device_buffer is not None and SHM_MIN_BYTES <= total <= device_buffer.size and all(
+                isinstance(t, torch.Tensor) and (t.device == device_buffer.device or not t.numel())
                 for t in tensors):
             send({**message, "payload_bytes": total, "payload_via": "device"})
             try:
-                device_buffer[0].write(tensors, total)
+                device_buffer.write(tensors, total)
             except (RuntimeError, ValueError):  # an output on the host, a device error: the same bytes, the pipe
                 send({"type": "payload", "bytes": total, "via": "pipe"})
                 write_tensors(tensors)
@@ -518,9 +518,8 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
             send({"type": LANDLOCK_BREAKS_CUDA, "error": str(exc)[:500]})
             os._exit(3)
     phase("cuda")
-    attached = device_payload.from_env(device)
-    if attached is not None:
-        device_buffer.append(attached)
+    device_buffer = device_payload.from_env(device)
+    if device_buffer is not None:
         phase("device_payload")
     pch_dir = os.environ.get(pch.ENV_DIR)
     confined = bool(sandbox.get("landlock"))  # writes only in its scratch folder: the PCH stays as built

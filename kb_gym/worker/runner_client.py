@@ -167,7 +167,7 @@ class RunnerProcess:
                         if payload_fd is not None else None)
         # outputs of this size expected (RunnerPool.payload_hint): through GPU memory the judge owns where asked for
         # (device_payload.py), else the runner maps its memfd for them at start-up and the judge once it is ready
-        expected = payload_bytes if payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES else 0
+        expected = payload.premap_size(payload_bytes)
         self.device_payload: device_payload.DeviceBuffer | None = None
         device_fd = None
         if expected and device_payload.wanted(device) and expected <= device_payload.MAX_BYTES:
@@ -343,8 +343,7 @@ class RunnerProcess:
         for timing.calibrate_overhead to time it there before any candidate code runs. ``payload_bytes``: outputs
         of this size are expected (the problem's earlier evaluations): both sides map the memfd for them now,
         outside the device lock (payload.PREMAP_MIN_BYTES), where the runner's start-up did not already."""
-        premap = payload_bytes if (self.payload is not None and
-                                   payload.PREMAP_MIN_BYTES <= payload_bytes <= payload.PREMAP_MAX_BYTES) else 0
+        premap = payload.premap_size(payload_bytes) if self.payload is not None else 0
         if self.device_payload is not None and self.device_payload.size >= payload_bytes:
             premap = 0  # they come through the device buffer
         if premap:
