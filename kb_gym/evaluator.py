@@ -158,7 +158,7 @@ class Evaluator(EvaluationAPI):
         # memfd for them before the device lock (payload.PREMAP_MIN_BYTES)
         self._output_bytes: dict[str, int] = {}
         # (device, calibration key) -> the newest calibration a judge's pristine spare measured there: passed with the
-        # jobs of the same problem to the device's other judges (job._adopt)
+        # jobs of the same problem to the device's other judges (judge_timing.adopt_calibration)
         self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ class Evaluator(EvaluationAPI):
         return future
 
     def _keep_calibrations(self, device: str, measured: Any) -> None:
-        """A judge's fresh calibrations (job._calibration), the newest per key and device."""
+        """A judge's fresh calibrations (judge_timing.spare_calibration), the newest per key and device."""
         for entry in measured if isinstance(measured, list) else []:
             try:
                 key = tuple(entry["key"])

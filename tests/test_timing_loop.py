@@ -64,7 +64,7 @@ def test_an_envelope_over_its_tolerance_is_weighed_again_against_a_fresh_calibra
     """Identical pristine runners' per-call overheads drift by up to 0.4 ms on the H200: one calibration that
     came out low flagged an honest 7 us kernel side_stream (speedup 0.016). A second calibration on a fresh
     spare is taken then, and the larger overhead stands: noise clears, hidden work beyond both still shows."""
-    from kb_gym.worker import job
+    from kb_gym.worker import judge_timing
 
     def paired(gap_ms: float, overhead_ms: float) -> timing.PairedTiming:
         side = timing.Side(event_ms=[0.01] * 10, envelope_ms=[0.01 + gap_ms] * 10)
@@ -80,10 +80,10 @@ def test_an_envelope_over_its_tolerance_is_weighed_again_against_a_fresh_calibra
 
     ctx = SimpleNamespace(pool=Pool())
     for gap, second, still_hidden in ((2.7, 2.6, False), (3.5, 2.6, True)):
-        monkeypatch.setattr(job, "_calibration", lambda *a, second=second, **k: timing.Calibration(second, 0.03))
+        monkeypatch.setattr(judge_timing, "spare_calibration", lambda *a, second=second, **k: timing.Calibration(second, 0.03))
         paired_timing = paired(gap, 2.2)  # first calibration 2.2 ms: 0.5 ms over it, beyond the 0.3 ms floor
         assert paired_timing.hidden_work()
-        job._second_opinion(ctx, {"config": {}}, None, None, None, torch.float32, 1e18, {}, paired_timing)
+        judge_timing.second_opinion(ctx, {"config": {}}, None, None, None, torch.float32, 1e18, {}, paired_timing)
         assert paired_timing.second_calibration
         assert paired_timing.calibration == timing.Calibration(2.6, 0.03)
         assert paired_timing.hidden_work() is still_hidden
@@ -97,7 +97,7 @@ def test_an_excess_the_second_calibration_leaves_is_timed_again_and_the_smaller_
     a wrong timed output in the second run stands, and a stage without time for another loop keeps the first."""
     import time as clock
 
-    from kb_gym.worker import job
+    from kb_gym.worker import judge_timing
 
     def paired(gap_ms: float, mismatch: str | None = None) -> timing.PairedTiming:
         side = timing.Side(event_ms=[0.01] * 10, envelope_ms=[0.01 + gap_ms] * 10)
@@ -107,18 +107,18 @@ def test_an_excess_the_second_calibration_leaves_is_timed_again_and_the_smaller_
     far = clock.monotonic() + 60
     first = paired(2.7)  # 0.5 ms over the calibration, beyond the 0.3 ms floor
     assert first.hidden_work()
-    drift = job._retime(first, lambda cal: paired(2.25), far)
+    drift = judge_timing.retime(first, lambda cal: paired(2.25), far)
     assert drift.retimed and not drift.hidden_work() and drift.seconds == 1.0
-    hidden = job._retime(paired(3.5), lambda cal: paired(3.4), far)
+    hidden = judge_timing.retime(paired(3.5), lambda cal: paired(3.4), far)
     assert hidden.retimed and hidden.hidden_work() and hidden.summary()["envelope"]["retimed"]
-    wrong = job._retime(paired(2.7), lambda cal: paired(2.9, mismatch="zeros"), far)
+    wrong = judge_timing.retime(paired(2.7), lambda cal: paired(2.9, mismatch="zeros"), far)
     assert wrong.mismatch == "zeros"
     late = paired(2.7)
-    assert job._retime(late, lambda cal: paired(2.25), clock.monotonic() + 0.5) is late and not late.retimed
+    assert judge_timing.retime(late, lambda cal: paired(2.25), clock.monotonic() + 0.5) is late and not late.retimed
 
 
 def test_the_envelope_says_how_old_the_calibration_that_judged_it_is():
-    """A problem's calibration is kept for its next candidates (job.CALIBRATION_TTL_S), unless the candidate
+    """A problem's calibration is kept for its next candidates (judge_timing.CALIBRATION_TTL_S), unless the candidate
     beside which it was measured ran while held: the result tells which evaluation measured the one used."""
     import time as clock
 

@@ -200,8 +200,9 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     if identity and result.get("status") != "incorrect":
         widened = _widened_trial(setup, extra_seed, result, state, counts)
         unverifiable = unverifiable if widened is None else widened
-        # The timed calls then run on such inputs too (job._timing): a forward that told this trial by its values
-        # (both signs) computed here and returned its input in every timed call, and passed them all (round 12).
+        # The timed calls then run on such inputs too (judge_timing.timing_stage): a forward that told this trial by
+        # its values (both signs) computed here and returned its input in every timed call, and passed them all
+        # (round 12).
         state["widen"] = widened is not None
     spent["extra"] = time.perf_counter() - extra_from
     report["seconds"] = {k: round(v, 4) for k, v in spent.items()} | {"total": round(time.perf_counter() - began, 4)}

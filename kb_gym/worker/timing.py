@@ -83,8 +83,10 @@ class PairedTiming:
     # the candidate's timed calls (warm-up included) that launched none of its kernels: one launch in the warm-up
     # call, PyTorch after, kept ``fallback`` away while only the stage's total was asked for (round 12)
     unlaunched: int = 0
-    second_calibration: bool = False  # an excess over the tolerance was measured again: see job._second_opinion
-    retimed: bool = False  # ... and the whole loop timed again, the run with the smaller excess kept: job._retime
+    # an excess over the tolerance was measured again (judge_timing.second_opinion), and the whole loop timed again,
+    # the run with the smaller excess kept (judge_timing.retime)
+    second_calibration: bool = False
+    retimed: bool = False
     burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
 
     def excess_ms(self) -> float:

@@ -42,7 +42,7 @@ Attacks, their mechanism, what happened:
    where the 256-element launch dominates; on a GPU the shortcut is free). Fixed: once the widened trial has judged
    a problem, its timed calls (baseline, candidate, calibration, output checks) run on widened inputs too
    (``state["widen"]`` from ``correctness.run_trials``; ``timing.time_pair``, ``calibrate_overhead``,
-   ``reference_outputs``; ``job.timed_output_check``); the shortcut then computes in every timed call: 0.012x.
+   ``reference_outputs``; ``timed_checks.timed_output_check``); the shortcut then computes in every timed call: 0.012x.
 3b. (hole) The input, once the trials are over, where it is within the tolerance of the answer on inputs of both
    signs too (``x + 2e-5 * tanh(3x)``: a LayerScale-like residual). The trials flag the problem degenerate and hold a
    candidate to 0.3x the input's own relative error (here 1.7e-5 -> 5.2e-6); the widened trial is skipped (the input
@@ -50,7 +50,7 @@ Attacks, their mechanism, what happened:
    only. Computing honestly until the determinism rerun and returning the input after: ``correct`` at 36-39x for a
    true ~0.6-1x (4 of 4; ``degenerate_problem`` is a note). Fixed: on a degenerate problem a timed output is also
    compared with the trivial outputs of its own inputs (zeros, the input), as a trial's is
-   (``job.timed_output_check``): ``incorrect``, ``timing_mismatch``.
+   (``timed_checks.timed_output_check``): ``incorrect``, ``timing_mismatch``.
 4. (hole) Its own kernel in the trials and the timing's warm-up call, PyTorch after. ``fallback`` was given where a
    candidate whose trials launched kernels launched none in the whole timing stage; the warm-up calls count, so one
    launch in the first timed call kept the flag away. With the two paths picked by indexing a tuple of methods
@@ -76,7 +76,7 @@ Found, not fixed (design, reported):
    call runs forward once more on fresh inputs with the candidate's own kernels doing nothing (a Triton launch
    skipped; an extension function run on copies of its arguments, its tensor results spoiled:
    ``launches.LaunchCounter.knockout``); a right answer then is ``token_kernel``, no speed credit
-   (``correctness.kernels_needed``, ``job._knockout``). Beside it: a ``load_inline`` function that computes the
+   (``correctness.kernels_needed``, ``kernel_checks.knockout_check``). Beside it: a ``load_inline`` function that computes the
    answer with ``torch::`` ops was a kernel too (measured once: ``x * 2.0 + 1.0`` in a C++ function, ``correct``,
    no flag, speed credit); on a GPU an extension now counts only where its CUDA sources define a ``__global__``
    function (``launches._defines_device_kernel``; tests/test_launches.py, the CPU counts every C++ extension).

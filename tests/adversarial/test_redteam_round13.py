@@ -1,5 +1,5 @@
 """Red team, round 13: the knockout call of round 12 (``LaunchCounter.knockout``, ``correctness.kernels_needed``,
-``job._knockout``), the timed-output checks on degenerate problems where outputs are spot-checked or large, and the
+``kernel_checks.knockout_check``), the timed-output checks on degenerate problems where outputs are spot-checked or large, and the
 dedup key the training layer shares verdicts by (session 21, a helper's pass with the source open).
 
 Each test asserts what a sound judge does; every hole below was reproduced 3 of 3 times when this pass was made (and
@@ -25,7 +25,7 @@ Attacks, their mechanism, what happened:
    elements computed), whatever the kernels did. Timing the knocked-out call (as costly as the whole forward:
    PyTorch did the work) catches (a)-(c) but not (d) or (e), where the knocked-out call skips the work too. Either
    way it is the runner's report: defence in depth.
-2. (hole) The knockout skipped for want of time. ``job._knockout`` returns without a verdict where under a second of
+2. (hole) The knockout skipped for want of time. ``kernel_checks.knockout_check`` returns without a verdict where under a second of
    the timing stage is left, and the stage's time is the candidate's to spend: the timing loop's warm-up calls are
    not sampled (neither the events nor the envelope), and ``timing_max_seconds`` counts from before them, so a
    forward that busy-waits (``os.times().elapsed``: ``os`` is on the allowlist) in its first call after the
@@ -37,13 +37,13 @@ Attacks, their mechanism, what happened:
    At rl's real 180 s it also holds a worker ~175 s an evaluation, which a policy does not pay for. Fix: the knockout must not be optional: give
    it a budget of its own (the untimed path already takes a fresh ``_deadline``), or stop the loop (and the warm-up)
    early enough to leave it one; and where it cannot run, no speed credit (``unchecked``), never a silent pass.
-3. (hole) Spot-checked timed outputs skip the degenerate-problem checks. ``job.timed_output_check`` returns early for
+3. (hole) Spot-checked timed outputs skip the degenerate-problem checks. ``timed_checks.timed_output_check`` returns early for
    ``SampledOutputs`` (timed outputs over ``timed_output_sample_bytes``, 64 MB: most GPU-size problems), so rounds 7
    and 12's guards (the trivial outputs of the call's own inputs, the last call's answer) never run there. Round 12's
    ``x + 2e-5 tanh(3x)`` with the input returned after the determinism rerun: ``correct``, 41-125x for a true ~1x
    (``integrity="off"``, 4 KB threshold standing in for 64 MB; 3 of 3; whole outputs: ``incorrect``,
    ``timing_mismatch`` as before). Under ``strict`` with a Triton kernel on both paths: ``correct``, speed credit
-   (3 of 3; no speed gain on the interpreter, where the launch dominates). Fix: ``job._chunk_bytes`` returns 0 on a
+   (3 of 3; no speed gain on the interpreter, where the launch dominates). Fix: ``judge_timing.timed_chunk_bytes`` returns 0 on a
    degenerate problem (as it does on an ill-conditioned one), or the chunk path compares the drawn chunks with the
    same chunks of the trivial outputs and the last answer.
 3b. (hole) No answer is kept over ``KEPT_ANSWER_ELEMENTS`` (2**24), in the trials either, so on a problem whose answer
@@ -91,13 +91,13 @@ Tried, did not get through (not tests: GPU-only or no verdict at stake):
    and the envelope charges the call. Read.
 
 Fixed in the same session (the tests above them no longer xfail): 2. the knockout is a stage of its own
-(``job._knockout``, the correctness limit) and, where it cannot run, the kernels are not taken as needed
-(``token_kernel``); 3. on a problem the trials found degenerate, timed outputs' drawn chunks are held against the same chunks of the trivial outputs and the last answer (``job._check_chunks``; whole until session 25);
+(``kernel_checks.knockout_check``, the correctness limit) and, where it cannot run, the kernels are not taken as needed
+(``token_kernel``); 3. on a problem the trials found degenerate, timed outputs' drawn chunks are held against the same chunks of the trivial outputs and the last answer (``timed_checks.check_chunks``; whole until session 25);
 3b. over 2**24 elements the trials hold a million drawn elements of the answer against the last trial's answer there
 (``correctness._sampled_against_previous``); 4(a). the dedup key holds what the precheck reads beyond the syntax tree
 (``training/dedup._prechecked``: the length against the limits, the coding declaration); 1(d) and 5: a knocked-out
 Triton launch goes through Triton's own path with a zero grid, so its pre-run hooks run and it returns what a real
-launch returns (``launches.LaunchCounter``). Fixed in session 22: 1, by the dataflow stage (``job._dataflow``,
+launch returns (``launches.LaunchCounter``). Fixed in session 22: 1, by the dataflow stage (``kernel_checks.dataflow_check``,
 ``worker/dataflow.py``; round 14 attacks it). Open: 4(b), accepted (a policy cannot aim which sample is evaluated
 first).
 

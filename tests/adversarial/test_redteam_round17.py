@@ -35,7 +35,7 @@ Got through (3 of 3 each; 6, 7 and 9 fixed in the same session, 8 still a strict
    reference, inputs and last answer; only the candidate is sampled), e.g. estimate the candidate's whole relative
    L2 error from the drawn chunks (sum of squared errors x chunks / drawn) and hold it to 0.3x the whole trivial's.
    Fixed in the same session: ``checks.degenerate_bound`` decides the bound on the whole output (the judge holds
-   it) and ``job._check_chunks`` holds the relative L2 error over the drawn chunks together to it (3 of 3 caught).
+   it) and ``timed_checks.check_chunks`` holds the relative L2 error over the drawn chunks together to it (3 of 3 caught).
 7. A trivial output the judge does not list: the second input. ``trivial_outputs`` (and ``is_input``, the audit)
    hold only the first input; ``b + 1e-6 tanh(a @ a)`` answered with ``b.clone()``: ``correct``, 10.7-15.8x, flags
    ``no_custom_kernel`` only (never ``degenerate_problem``: zeros, ``a`` and other answers all fail). Fix: every

@@ -112,7 +112,7 @@ def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
 # such children, each in its own session (its own scheduler group), keep both cores busy through the
 # calibration: overhead 4.7-8.7 ms, spread 2-3.4 ms, tolerance 8-13.6 ms instead of 0.7 / 0.03 / 2. They are
 # killed at the first timed call; a 5 ms forward then reports 1 us: 60-75x, no side_stream. The poisoned
-# calibration is kept for the problem (job.CALIBRATION_TTL_S) and judges the next candidates too.
+# calibration is kept for the problem (judge_timing.CALIBRATION_TTL_S) and judges the next candidates too.
 
 FREEZE_ESCAPE = cand(FIND_RUNNER + '''
 import mmap, signal

@@ -41,7 +41,7 @@ _runner = [m for m in list(_mods.values()) if "Runner" in vars(m) and "timed_cal
 # The correctness trials hold an output to a relative L2 error of 0.3x the distance between two trials' answers
 # where another input's answer passes the tolerance (checks.compare_outputs with ``other_answers``: "an output
 # that ignores its inputs cannot sit within 0.3x the distance between two answers of both"). The timed calls are
-# checked by job.timed_output_check with compare_outputs(cand, ref, atol, rtol) alone: no trivial outputs, no other
+# checked by timed_checks.timed_output_check with compare_outputs(cand, ref, atol, rtol) alone: no trivial outputs, no other
 # answers, so only the elementwise tolerance and the 1 x rtol relative L2 bound. On a problem whose answer moves
 # between inputs by more than the trials' "coincide" floor (1e-5, else unverifiable_output) but less than the
 # tolerance, the answer of one input passes every timed call of other inputs. The candidate computes honestly
@@ -169,7 +169,7 @@ def test_sparse_files_in_the_build_folder_are_not_written_out_whole(monkeypatch,
 # RunnerProcess.call lets it through, and job.run_job's last resort reports "the judge failed" (crash) and
 # restarts the judge: the candidate's verdict is a crash, not ``incorrect``, and every such candidate costs a judge
 # restart (on a GPU host: its CUDA context, warm-up, compiled baselines and calibrations). The same description in
-# a burst reply (burst_outputs) reaches the same decode from the timing stage, where job._timing reports it as
+# a burst reply (burst_outputs) reaches the same decode from the timing stage, where judge_timing.timing_stage reports it as
 # "the baseline failed while timing". Fix: build the empty tensor from a checked shape (or catch RuntimeError in
 # decode as a WireError), e.g. reject shapes whose strides overflow int64 (the product of all dims but one).
 # Stopped since (session 17): expected_nbytes refuses shapes whose strides overflow or with over 64 dimensions,
@@ -225,7 +225,7 @@ def test_an_overflowing_shape_in_a_burst_reply_is_the_candidates_verdict(ev):
 # Timed outputs larger than timed_output_sample_bytes are spot-checked: after "done" the judge asks for chunks and
 # RunnerProcess._sampled reads the runner's "chunk_bytes" reply. It checks that ``outputs`` is a list, then calls
 # ``d.get("nbytes")`` on each item: an item that is a number raises AttributeError in the judge, outside the
-# WireError handling, and job._timing turns it into "the baseline failed while timing: ... AttributeError"
+# WireError handling, and judge_timing.timing_stage turns it into "the baseline failed while timing: ... AttributeError"
 # (runtime_error): the reference is blamed for the candidate's reply. No judge restart on the CPU (restart follows
 # sticky_cuda_error). Fix: check that every described item is a dict (WireError otherwise), as expected_nbytes does.
 # Stopped since (session 17): it is.

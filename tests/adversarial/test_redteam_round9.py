@@ -61,7 +61,7 @@ def test_a_load_reply_cannot_name_the_verdict(ev):
 
 # --- 2. a problem's calibration measured beside another worker's candidate, kept for 60 s ---------------------
 #
-# Mechanism: with ``workers_per_device=2`` the spare's calibration (job._calibration) runs under the device lock
+# Mechanism: with ``workers_per_device=2`` the spare's calibration (judge_timing.spare_calibration) runs under the device lock
 # with the candidate's own runner tree frozen, but the *other* worker's candidate is not frozen: it is loading,
 # or loaded and waiting for the device, and its processes run on. The quiet lock (device_lock.begin_quiet) guards
 # only baseline-only jobs. Here candidate B (another problem) forks six children in sessions of their own that
@@ -79,7 +79,7 @@ def test_a_load_reply_cannot_name_the_verdict(ev):
 # this 2-core machine), and that liar 11,600x: noise alone, once kept, does the same.
 # Why it matters: in an RL batch a problem's samples run on both workers at once; one noisy calibration is kept and
 # hides up to its tolerance plus its excess overhead for every later candidate of the problem (any forward under
-# ~12-25 ms here). Fix (job._calibration): calibrate under the quiet lock (no load of the device's other workers
+# ~12-25 ms here). Fix (judge_timing.spare_calibration): calibrate under the quiet lock (no load of the device's other workers
 # beside it, and their loaded runners frozen too), or keep a calibration only when its spread is near the
 # smallest seen for the problem and judge against the smallest overhead of the recent ones.
 # Neither would do alone: the burner's load widens the timing loop's own noise as much as the calibration's, and

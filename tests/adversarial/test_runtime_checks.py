@@ -321,8 +321,8 @@ def test_a_timed_call_that_misses_narrowly_gets_the_float64_opinion_the_trials_d
     import torch
 
     from kb_gym.worker.inputs import init_model, make_inputs
-    from kb_gym.worker.job import timed_output_check
     from kb_gym.worker.loading import load_source
+    from kb_gym.worker.timed_checks import timed_output_check
 
     device, dtype = torch.device("cpu"), torch.float32
     module = load_source(CANCELLING_SUM.code, "kb_test_cancelling_sum")

@@ -1,0 +1,285 @@
+"""The timing stage in the judge: the per-call overhead a pristine spare measures (kept per problem, shared with the
+device's other judges), the paired loop of baseline and candidate calls (timing.py), the envelope's second opinion
+and the loop timed again where an excess shows, the burst check (burst.py), and the verdict they add up to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kb_gym.worker import burst
+from kb_gym.worker.inputs import make_inputs
+from kb_gym.worker.loading import StageError, sticky_cuda_error, trim_traceback
+from kb_gym.worker.runner_client import RunnerProcess
+from kb_gym.worker.spot_check import CHUNKS_PER_CALL, chunk_size
+from kb_gym.worker.timed_checks import timed_output_check
+from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, reference_outputs, time_pair
+
+if TYPE_CHECKING:
+    from kb_gym.worker.job import WorkerContext
+
+CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
+CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
+SOL_MARGIN = 0.75  # the speed-of-light floor is this share of the ideal time: no honest kernel is flagged
+
+
+def timed_chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, Any]) -> int:
+    """Spot-check the timed outputs (spot_check.py) when they are large, except where the float64 second
+    opinion may be needed (an ill-conditioned reference: it judges whole outputs). On a degenerate problem the
+    drawn chunks are held against the same chunks of the trivial outputs and the last call's answer
+    (timed_output_check): whole, a 6 GB output's ten timed calls and the spare's calibration cost a minute on the
+    H200 (round 13 made them whole because the chunk path skipped those checks)."""
+    limit = int(cfg.get("timed_output_sample_bytes") or 0)
+    if not limit or state.get("ref_out_bytes", 0) <= limit or "ill_conditioned" in result["flags"]:
+        return 0
+    return chunk_size(state["ref_out_bytes"])
+
+
+def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
+                      spare: RunnerProcess | None, dtype: torch.dtype, deadline: float,
+                      chunk_bytes: int = 0, reuse: bool = True, widen: bool = False) -> Calibration | None:
+    """The candidate's runner is no longer pristine, so its per-call overhead is measured on the spare:
+    a fork of the same zygote that has run no candidate code, through the same path, under the device
+    lock and right before the loop, interleaved with baseline calls as the loop is, the candidate's
+    runner frozen meanwhile. The spare stays pristine (it ran the reference only) and is handed to the
+    next candidate as usual. Reused for the same problem for CALIBRATION_TTL_S. None where no spare
+    could measure it: the envelope is then reported, not charged."""
+    cfg = job["config"]
+    tf32 = bool(cfg.get("tf32", False))
+    # the path a call takes (whole outputs or chunks) is part of its overhead, and so is building widened inputs
+    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes, widen)
+    adopt_calibration(ctx, key, job.get("calibrations"))
+    kept = ctx.calibrations.get(key)
+    if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
+        return kept[1]
+    if spare is None:
+        return None
+    seed = int(job["seed"])
+    seeds = [ctx.seed(seed, "calibrate", k) for k in range(CALIBRATION_CALLS)]
+    if not prepare_spare(ctx, job, spare, deadline - time.monotonic()):
+        return None
+    # Every thread of the candidate's tree stopped first (or the candidate's verdict): only then is what the
+    # spare measures clean enough to keep for the problem's next candidates.
+    with runner.frozen():
+        try:
+            calibration = calibrate_overhead(spare, ref_model, ref_mod, ctx.device, dtype, ctx.flusher, seeds,
+                                             timeout=0.5 * (deadline - time.monotonic()), chunk_bytes=chunk_bytes,
+                                             widen=widen)
+        except StageError:
+            ctx.pool.discard_spare()
+            return None
+    if calibration is not None:
+        ctx.calibrations[key] = (time.monotonic(), calibration)
+        if reuse:  # for the evaluator to pass to its other judges on this device (adopt_calibration)
+            ctx.measured_calibrations.append({"key": list(key), "overhead_ms": calibration.overhead_ms,
+                                              "spread_ms": calibration.spread_ms,
+                                              "measured_at": calibration.measured_at})
+    return calibration
+
+
+def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
+    """A calibration another judge of this device measured for the problem (the evaluator passes them with the job),
+    kept where it is newer than this judge's own: each judge measuring its own costs 0.2-0.7 s of held device time
+    per problem (docs/benchmarks.md 0u). Calibrations come from pristine spares only, in judges: what a runner says
+    never reaches them. ``measured_at`` is time.monotonic(), one clock for every process of the host."""
+    for entry in shared if isinstance(shared, list) else []:
+        try:
+            if tuple(entry["key"]) != key:
+                continue
+            measured = float(entry["measured_at"])
+            calibration = Calibration(float(entry["overhead_ms"]), float(entry["spread_ms"]), measured)
+        except (KeyError, TypeError, ValueError):
+            continue
+        kept = ctx.calibrations.get(key)
+        if measured <= time.monotonic() and (kept is None or measured > kept[1].measured_at):
+            ctx.calibrations[key] = (measured, calibration)
+
+
+def compiled_baseline(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any,
+                      dtype: torch.dtype) -> Any:
+    """``torch.compile(Model)``, compiled by one call in the load stage. Kept per problem."""
+    key = job["problem_key"]
+    if key not in ctx.compiled_baselines:
+        ctx.compiled_baselines.clear()
+        compiled = torch.compile(ref_model)
+        with torch.no_grad():
+            compiled(*make_inputs(ref_mod, ctx.seed(int(job["seed"]), "compile"), ctx.device, dtype))
+        ctx.compiled_baselines[key] = compiled
+    return ctx.compiled_baselines[key]
+
+
+def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess | None,
+                 dtype: torch.dtype, atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any],
+                 deadline: float) -> None:
+    cfg = job["config"]
+    baseline_fn = ref_model
+    if cfg["baseline"] == "compile":
+        baseline_fn = compiled_baseline(ctx, job, ref_mod, ref_model, dtype)
+    cached = job.get("cached_baseline") if runner is not None else None
+
+    # On a problem whose own inputs make the output its input, the widened trial judged a kernel against a copy; a
+    # forward that tells that trial by its values (both signs) returned its input in every timed call (round 12), so
+    # the timed calls get such inputs too (the burst check keeps the problem's own: it only charges time).
+    widen = bool(state.get("widen"))
+    check = timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state, widen)
+
+    def call_timeout() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StageError("timeout", "the timing stage exceeded its time limit")
+        return left
+
+    def timed_loop(calibration: Calibration | None) -> PairedTiming:
+        return time_pair(
+            None if cached else baseline_fn, ref_model, runner, ref_mod, ctx.device, dtype, ctx.flusher,
+            check if cfg["check_timed_outputs"] else None,
+            warmup=int(cfg["timing_warmup"]), min_reps=int(cfg["timing_min_reps"]),
+            max_reps=int(cfg["timing_max_reps"]), target_rel_ci=float(cfg["timing_target_rel_ci"]),
+            max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
+            byte_limit=state.get("byte_limit", 1 << 30), calibration=calibration,
+            chunk_bytes=state.get("chunk_bytes", 0), widen=widen)
+
+    try:
+        timing = timed_loop(state.get("calibration"))
+        if timing.hidden_work() and not timing.mismatch and runner is not None:
+            second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
+            if timing.hidden_work():
+                timing = retime(timing, timed_loop, deadline)
+        if runner is not None and cfg.get("burst_check"):
+            burst.confirm(runner, timing, spare_share(ctx, job, runner, deadline, call_timeout),
+                          lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner),
+                          timed_output_check(ctx.device, ref_mod, ref_model, dtype, atol, rtol, result, state)
+                          if widen else check,
+                          int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
+                          call_timeout)
+    except StageError as exc:
+        if exc.status in ("runtime_error", "incorrect"):
+            exc.message = "failed while timing: " + exc.message
+        raise
+    except Exception as exc:  # noqa: BLE001 - the baseline itself failed: the judge's context may be gone
+        raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
+                         restart=sticky_cuda_error(ctx.device)) from None
+    timing_verdict(timing, cached, result, state)
+
+
+def prepare_spare(ctx: WorkerContext, job: dict[str, Any], spare: RunnerProcess, timeout: float) -> bool:
+    """The spare given the problem and the reference model; False (and the spare discarded) where it failed: the
+    spare's failure is not the candidate's, so nothing is measured against it this time."""
+    cfg = job["config"]
+    try:
+        spare.prepare(job["problem_code"], int(job["seed"]), cfg["precision"], bool(cfg.get("tf32", False)),
+                      timeout=timeout, reference_model=True)
+    except StageError:
+        ctx.pool.discard_spare()
+        return False
+    return True
+
+
+def spare_share(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float,
+                timeout: Callable[[], float]) -> Callable[[int], float | None]:
+    """What ``burst.confirm`` reads before each of the candidate's bursts: the harness's share of a K-forward burst
+    on the reference in the pristine spare (prepared once), with the candidate's tree stopped as for the per-call
+    calibration (spare_calibration). None from then on once the spare fails: the burst then charges nothing."""
+    held: dict[str, Any] = {"spare": None, "failed": ctx.pool is None}
+
+    def read(forwards: int) -> float | None:
+        if held["failed"]:
+            return None
+        if held["spare"] is None:
+            spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+            if spare is None or not prepare_spare(ctx, job, spare, timeout()):
+                held["failed"] = True
+                return None
+            held["spare"] = spare
+        with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
+            try:
+                reply = held["spare"].burst(burst.fresh_seeds(forwards), timeout=timeout(), target="reference")
+            except StageError:
+                ctx.pool.discard_spare()
+                held["failed"] = True
+                return None
+        return burst.harness_share(reply)
+
+    return read
+
+
+def second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, runner: RunnerProcess,
+                   dtype: torch.dtype, deadline: float, state: dict[str, Any], timing: PairedTiming) -> None:
+    """An envelope over its tolerance is weighed again against a fresh spare's calibration, measured now: the
+    per-call overhead of identical pristine runners drifts by up to 0.4 ms between processes and minutes on the
+    H200 (docs/measurements/envelope-diag-h200-2026-12-01.log), which flagged 1 in 16 honest 7 us reference
+    copies. The larger of the two overheads stands; hidden work still shows against both."""
+    if ctx.pool is None:
+        return
+    ctx.pool.discard_spare()  # another process: the drift is between processes as much as over time
+    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+    fresh = spare_calibration(ctx, job, ref_mod, ref_model, runner, spare, dtype, deadline, state.get("chunk_bytes", 0),
+                         reuse=False, widen=bool(state.get("widen")))
+    first = timing.calibration
+    if fresh is None or first is None:
+        return
+    timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms),
+                                     min(first.measured_at, fresh.measured_at))
+    timing.second_calibration = True
+
+
+def retime(first: PairedTiming, timed_loop: Any, deadline: float) -> PairedTiming:
+    """A flagged excess that the second calibration did not explain: the loop is timed once more (fresh inputs,
+    the same calibration) and the run with the smaller excess is kept, whole. Honest excesses over the
+    tolerance are one-off drifts (envelope-diag: -0.40..+0.15 ms between identical runners); hidden work shows in
+    both runs, and a candidate that hides work in one run only is timed honestly in the other. Skipped where the
+    stage has not time left for another loop: the first verdict stands."""
+    if deadline - time.monotonic() < 1.5 * first.seconds + 1.0:
+        return first
+    try:
+        again = timed_loop(first.calibration)
+    except StageError as exc:
+        if exc.status == "timeout":
+            return first
+        raise
+    kept = again if (again.mismatch or again.excess_ms() < first.excess_ms()) else first
+    kept.second_calibration, kept.retimed = first.second_calibration, True
+    kept.seconds = first.seconds + again.seconds  # the stage's split counts both loops
+    return kept
+
+
+def timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: dict[str, Any],
+                   state: dict[str, Any]) -> None:
+    # The stage minus this is set-up: the split tells a slow loop from slow set-up.
+    result["stage_seconds"]["timing_loop"] = timing.seconds
+    if timing.cand.event_ms or timing.mismatch:
+        size = state.get("chunk_bytes", 0)
+        result.setdefault("correctness", {})["timed_output_check"] = (
+            {"chunks_per_call": CHUNKS_PER_CALL, "chunk_bytes": size} if size else "whole")
+    if timing.mismatch:
+        result.update(status="incorrect", correct=False,
+                      error=f"outputs produced while timing differ from the reference ({timing.mismatch})")
+        result["flags"].append("timing_mismatch")
+        return
+    summary = timing.summary(cached_ref=(cached["ref_runtime_ms"], *cached["ref_runtime_ci_ms"]) if cached else None)
+    envelope = summary.pop("envelope", None)
+    result.update(summary)
+    if cached:
+        result["baseline_cached"] = True
+    if envelope is not None:
+        result.setdefault("correctness", {})["envelope"] = envelope
+        if envelope["counted"] and "side_stream" not in result["flags"]:
+            result["flags"].append("side_stream")
+        charged = envelope.get("burst") or {}
+        flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
+        if charged.get("counted") and flag not in result["flags"]:
+            result["flags"].append(flag)
+    if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.unlaunched:
+        result["flags"].append("fallback")  # its own kernels in the trials, none in a timed call
+    floor = state.get("floor_ms")
+    if floor and result.get("runtime_ms"):
+        result["speed_of_light_fraction"] = floor / SOL_MARGIN / result["runtime_ms"]
+    if floor and result.get("runtime_ms") is not None and result["runtime_ms"] < floor:
+        result["flags"].append("excessive_speedup")
+        result.setdefault("correctness", {})["speed_of_light_ms"] = floor
+    result["status"] = "correct"
