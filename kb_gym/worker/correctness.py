@@ -407,9 +407,10 @@ def pytorch_alone(runner: RunnerProcess, seeds: tuple[int, int], reference: Call
     report = reply.dataflow
     if report is None:
         return {"verdict": "inconclusive", "why": "the runner sent no report of the traced call"}
+    # the judge's own keys last: nothing in the runner's report stands in for them
     if why is not None:
-        return {"verdict": "inconclusive", "why": f"the traced call's answer was wrong: {why[:300]}", **report}
+        return {**report, "verdict": "inconclusive", "why": f"the traced call's answer was wrong: {why[:300]}"}
     if report["overflow"]:  # more of PyTorch's results than an honest forward makes: the answer cannot be traced
-        return {"verdict": "pytorch", "why": "too many PyTorch results of the output's size to follow", **report}
+        return {**report, "verdict": "pytorch", "why": "too many PyTorch results of the output's size to follow"}
     alone = report["outputs"] > 0 and len(set(report["untainted"]) | set(report["computed"])) == report["outputs"]
-    return {"verdict": "pytorch" if alone else "kernels", **report}
+    return {**report, "verdict": "pytorch" if alone else "kernels"}

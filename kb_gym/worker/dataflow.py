@@ -73,6 +73,11 @@ MAX_SAMPLED = 50_000
 # live tensors a kernel's result is compared with, in one forward, to see whether an op undid the kernel's work; past
 # it the results stay the kernel's (an honest forward compares tens to thousands; the budget bounds a flood's cost)
 MAX_UNDO_VISITS = 50_000
+# The counts a report carries (DataflowTrace.stats): the judge keeps these and nothing else of what a runner sends
+# (round 19: 50,000 made-up counts of 120 characters made a 6.6 MB result, and in 4-byte characters one past the
+# protocol's limit, which restarted the judge)
+REPORT_COUNTS = ("launches", "kernel_writes", "copies", "constant_writes", "tainted_ops", "pytorch_ops", "undone",
+                 "undo_visits", "undo_unchecked", "unsampled", "unsampleable")
 
 
 def launch_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:

@@ -36,10 +36,13 @@ from kb_gym.worker.judge_timing import (
 )
 from kb_gym.worker.kernel_checks import dataflow_check, knockout_check
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.protocol import encode
 from kb_gym.worker.runner_pool import RunnerPool
 from kb_gym.worker.timing import Calibration
 
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
+# What one result may take on the wire: results are tens of kB; the protocol allows 8 MB a message
+RESULT_BYTES = 1 << 20
 # The build cache's hold after a load waits this long for the tree to stand still; a tree that does not (a thread
 # in a long system call: GPU drivers' threads, or a candidate's on purpose) has its build kept once it is gone.
 # 0.25 s was tried (session 17): round 2's calibration poison then got through in 2 of 3 local runs against 0 of 3
@@ -222,7 +225,29 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         result["stage_seconds"]["teardown"] = time.perf_counter() - teardown
         # what this judge's pristine spares measured, for the evaluator to pass to its other judges (adopt_calibration)
         result["calibrations"], ctx.measured_calibrations = ctx.measured_calibrations, []
+    _bounded(result)
     return result
+
+
+def _bounded(result: dict[str, Any]) -> None:
+    """A result too large to send whole (RESULT_BYTES) loses its largest parts and becomes a ``crash`` that says so.
+    Much of a result is what the runner reported (errors, the dataflow report, launch and build records): a report
+    the judge did not bound would otherwise make a result past the protocol's limit, which the evaluator reads as the
+    judge's failure and answers with a restart (round 19)."""
+    size = len(encode(result))
+    if size <= RESULT_BYTES:
+        return
+    parts = sorted(((len(encode({key: value})), key) for key, value in result.items()
+                    if isinstance(value, (dict, list, str)) and key not in ("status", "flags")), reverse=True)
+    dropped = []
+    for part_size, key in parts:
+        if len(encode(result)) <= RESULT_BYTES // 2:
+            break
+        result[key] = {"dropped_bytes": part_size} if isinstance(result[key], dict) else type(result[key])()
+        dropped.append(key)
+    result.update(status="crash", correct=False,
+                  error=f"the judge's result came to {size:,} bytes, over the {RESULT_BYTES:,} a result may take: "
+                        f"{', '.join(dropped)} dropped")
 
 
 def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:

@@ -25,6 +25,7 @@ import torch
 from kb_gym import sandbox
 from kb_gym.worker import build_cache, device_digest, device_payload, header_diet, launch_shim, payload, pch, process
 from kb_gym.worker.clock import median_ci
+from kb_gym.worker.dataflow import REPORT_COUNTS
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import (
     LANDLOCK_BREAKS_CUDA,
@@ -36,6 +37,7 @@ from kb_gym.worker.protocol import (
 )
 from kb_gym.worker.spot_check import SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
+    MAX_OUTPUTS,
     PINNED_RECEIVE_BYTES,
     WIRE_DTYPES,
     WireError,
@@ -700,14 +702,19 @@ def _dataflow_report(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     outputs = value.get("outputs")
-    if not isinstance(outputs, int) or isinstance(outputs, bool):
+    if not isinstance(outputs, int) or isinstance(outputs, bool) or not 0 <= outputs <= MAX_OUTPUTS:
         return None
     lists = {name: value.get(name) for name in ("untainted", "computed")}
     for items in lists.values():
         if not isinstance(items, list) or not all(
                 isinstance(k, int) and not isinstance(k, bool) and 0 <= k < outputs for k in items):
             return None
-    counts = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+    counts = {}
+    for name in REPORT_COUNTS:  # the trace's own counts only, each one a count
+        count = value.get(name, 0)
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count < 1 << 40:
+            return None
+        counts[name] = count
     return {**counts, **{name: sorted(set(items)) for name, items in lists.items()}, "outputs": outputs,
             "overflow": value.get("overflow") is True}
 

@@ -71,7 +71,7 @@ class Zygote:
         fixed = build_cache.mount_point(Path(scratch))
         fixed.mkdir(parents=True, exist_ok=True)
         request = {"device": device, "scratch": scratch, "env": env, "namespaces": namespaces,
-                   "fixed_scratch": str(fixed)}
+                   "fixed_scratch": str(fixed), "fds": len(fds)}
         try:
             socket.send_fds(self.sock, [json.dumps(request).encode() + b"\n"], fds)
             reply = self.reader.read(30.0)

@@ -90,6 +90,7 @@ def host_bytes(t: torch.Tensor) -> memoryview:
 # into page-locked memory (a direct copy to the GPU), larger ones into pageable memory.
 PINNED_RECEIVE_BYTES = 256 << 20
 MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
+MAX_OUTPUTS = 4096  # outputs one call may describe
 
 
 def flatten_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -106,7 +107,7 @@ def receive_buffer(nbytes: int, device: torch.device) -> tuple[torch.Tensor, mem
 
 def expected_nbytes(meta: Any, limit: int) -> int:
     """Total bytes ``meta`` announces, checked against ``limit`` before anything is read."""
-    if not isinstance(meta, list) or len(meta) > 4096:
+    if not isinstance(meta, list) or len(meta) > MAX_OUTPUTS:
         raise WireError("the runner described its outputs in an unreadable form")
     total = 0
     for item in meta:
