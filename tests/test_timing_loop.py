@@ -131,3 +131,25 @@ def test_the_envelope_says_how_old_the_calibration_that_judged_it_is():
     assert 30.0 <= kept["calibration_age_s"] < 40.0
     assert envelope(timing.Calibration(0.4, 0.05))["calibration_age_s"] < 5.0
     assert envelope(None)["calibration_age_s"] is None
+
+
+def test_a_calibration_that_widens_the_tolerance_is_not_shared_with_the_devices_other_judges():
+    """A spare that calibrated beside another worker's burning import reads a large, noisy overhead (round 9: a
+    12-22 ms tolerance on the CPU against 3): kept by the judge that measured it, never handed to the device's other
+    judges, nor taken from them (round 19's reading of the calibration sharing)."""
+    from types import SimpleNamespace
+
+    from kb_gym.worker import judge_timing
+
+    clean, noisy = timing.Calibration(2.2, 0.05), timing.Calibration(9.0, 4.0)
+    assert judge_timing.shareable(clean, "cpu") and not judge_timing.shareable(noisy, "cpu")
+    assert judge_timing.shareable(timing.Calibration(2.5, 0.02), "cuda")
+    assert not judge_timing.shareable(timing.Calibration(2.5, 0.2), "cuda")  # 4 x 0.2 ms: past the 0.3 ms floor
+    ctx = SimpleNamespace(device=torch.device("cpu"), calibrations={})
+    key = ("problem", "fp32", False, 0, False)
+    offered = [{"key": list(key), "overhead_ms": c.overhead_ms, "spread_ms": c.spread_ms,
+                "measured_at": c.measured_at} for c in (noisy, clean)]
+    judge_timing.adopt_calibration(ctx, key, offered[:1])
+    assert key not in ctx.calibrations
+    judge_timing.adopt_calibration(ctx, key, offered)
+    assert ctx.calibrations[key][1] == clean

@@ -18,7 +18,16 @@ from kb_gym.worker.loading import StageError, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.spot_check import CHUNKS_PER_CALL, chunk_size
 from kb_gym.worker.timed_checks import timed_output_check
-from kb_gym.worker.timing import Calibration, PairedTiming, calibrate_overhead, reference_outputs, time_pair
+from kb_gym.worker.timing import (
+    ENVELOPE_FLOOR_MS,
+    OVERHEAD_SHARE,
+    SPREAD_FACTOR,
+    Calibration,
+    PairedTiming,
+    calibrate_overhead,
+    reference_outputs,
+    time_pair,
+)
 
 if TYPE_CHECKING:
     from kb_gym.worker.job import WorkerContext
@@ -75,11 +84,21 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
             return None
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
-        if reuse:  # for the evaluator to pass to its other judges on this device (adopt_calibration)
+        if reuse and shareable(calibration, ctx.device.type):  # for the evaluator to pass to the device's other judges
             ctx.measured_calibrations.append({"key": list(key), "overhead_ms": calibration.overhead_ms,
                                               "spread_ms": calibration.spread_ms,
                                               "measured_at": calibration.measured_at})
     return calibration
+
+
+def shareable(calibration: Calibration, device_kind: str) -> bool:
+    """Whether a calibration may judge the device's other judges too: only one that widens no tolerance past the
+    envelope's floor. A spare measured beside another worker's load (round 9: a candidate's import burning every
+    core) reads a large, noisy overhead, whose tolerance (12-22 ms on the CPU against 3) lets work hide; shared, it
+    judged every judge of the device for its 60 s, not only the one that measured it (round 19's reading)."""
+    floor = ENVELOPE_FLOOR_MS.get(device_kind, 0.5)
+    return (SPREAD_FACTOR * calibration.spread_ms <= floor
+            and OVERHEAD_SHARE.get(device_kind, 0.1) * calibration.overhead_ms <= floor)
 
 
 def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
@@ -96,6 +115,8 @@ def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> 
         except (KeyError, TypeError, ValueError):
             continue
         kept = ctx.calibrations.get(key)
+        if not shareable(calibration, ctx.device.type):
+            continue
         if measured <= time.monotonic() and (kept is None or measured > kept[1].measured_at):
             ctx.calibrations[key] = (measured, calibration)
 
