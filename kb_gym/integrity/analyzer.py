@@ -22,6 +22,7 @@ from kb_gym.integrity.names import (
     REF_EXACT,
     REF_PREFIX,
 )
+from kb_gym.integrity.resolve import resolve
 
 _CONTAINERS = (ast.List, ast.Tuple, ast.Dict)
 _MAX_QUAL_DEPTH = 50
@@ -179,6 +180,13 @@ class _Analyzer:
             elif (key and isinstance(container, ast.Call) and not container.args
                   and is_builtin(self.qual(container.func, depth + 1), "globals", "locals", "vars")):
                 base = self.qual(ast.Name(id=key, ctx=ast.Load()), depth + 1)
+            elif (key and isinstance(container, ast.Call) and len(container.args) == 1
+                  and is_builtin(self.qual(container.func, depth + 1), "vars")):
+                inner = self.qual(container.args[0], depth + 1)  # `vars(torch)["sys"]` is `torch.sys` (round 20)
+                base = f"{inner}.{key}" if inner else None
+            elif key and isinstance(container, ast.Attribute) and container.attr == "__dict__":
+                inner = self.qual(container.value, depth + 1)  # `torch.__dict__["sys"]` likewise
+                base = f"{inner}.{key}" if inner else None
             else:
                 item = self.container_item(node)
                 base = self.qual(item, depth + 1) if item is not None else None
@@ -241,6 +249,21 @@ class _Analyzer:
                 rest = ".".join(parts[i:])
                 self.add(self.ref_flag(rest) or "introspection", line,
                          f"{verb} `{name}`: the module `{parts[i]}` through `{'.'.join(parts[:i])}`")
+                return
+        self.check_home(name, line, verb)
+
+    def check_home(self, name: str, line: int, verb: str) -> None:
+        """The rules again on what each step of ``name`` is (resolve.py): a module or function of a denied module
+        kept by an allowed one under another name (``collections._sys``, ``torch._dynamo.guards.currentframe``)."""
+        parts = name.split(".")
+        for i, home in enumerate(resolve(name), start=2):
+            spelled = ".".join(parts[:i])
+            if home is None or home == spelled:
+                continue
+            root = home.split(".")[0]
+            flag = self.ref_flag(home) or (MODULE_FAMILIES.get(root) if root not in ALLOWED_MODULES else None)
+            if flag:
+                self.add(flag, line, f"{verb} `{name}`: `{spelled}` is `{home}`")
                 return
 
     def check_import(self, name: str, line: int) -> None:

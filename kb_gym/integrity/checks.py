@@ -13,6 +13,7 @@ from kb_gym.integrity.names import (
     DANGEROUS_NAMES,
     DUNDER_OK,
     ENV_ALLOW,
+    INTO_PYTHON,
     MODULE_ARG_OK,
     MUTATORS,
     OPEN_CALLS,
@@ -67,6 +68,12 @@ class _SimpleChecks(_StateChecks):
                     self.check_module_flow(node)
             elif isinstance(node, ast.Subscript):
                 self.check_namespace_lookup(node)
+                if isinstance(node.ctx, ast.Load):
+                    q = an.qual(node)  # a module's namespace read by a constant key: `vars(torch)["sys"]`
+                    if q:
+                        an.check_module_name(q, node.lineno, "uses")
+            elif isinstance(node, ast.MatchClass):
+                self.check_match_class(node)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if id(node) not in an.docstrings:
                     self.check_string(node)
@@ -76,6 +83,20 @@ class _SimpleChecks(_StateChecks):
                 self.check_attr_name(node.name, node.lineno, defines=True)
 
     # ----------------------------------------------------------------- imports and names
+
+    def check_match_class(self, node: ast.MatchClass) -> None:
+        """``case object(__globals__=g)`` reads the attribute ``__globals__`` of the subject: the pattern's keyword
+        names are attribute reads no ``ast.Attribute`` shows (round 20: a function's globals, an exception's frame,
+        and so the runner's ``sys.modules``, under ``strict``). Where the subject is a module, each is a use of
+        ``module.name`` as well."""
+        an = self.an
+        parent = an.parents.get(id(node))
+        subject = an.parents.get(id(parent)) if isinstance(parent, ast.match_case) else None
+        q = an.qual(subject.subject) if isinstance(subject, ast.Match) else None
+        for attr in node.kwd_attrs:
+            self.check_attr_name(attr, node.lineno)
+            if q:
+                an.check_module_name(f"{q}.{attr}", node.lineno, "uses")
 
     def check_import_from(self, node: ast.ImportFrom) -> None:
         an = self.an
@@ -110,6 +131,9 @@ class _SimpleChecks(_StateChecks):
             an.add("introspection", node.lineno, f"refers to `{text[:40]}`")
         elif "kb_gym" in text.lower():
             an.add("introspection", node.lineno, "refers to the evaluator (`kb_gym`) in a string")
+        elif INTO_PYTHON.search(text):
+            an.add("introspection", node.lineno, f"reaches the Python interpreter from native code "
+                   f"(`{INTO_PYTHON.search(text).group(0).strip()}`)")
         elif len(text) < 200 and _DOTTED_NAME.fullmatch(text):
             hit = next((p for p in text.split(".") if p in DANGEROUS_NAMES), None)
             if hit:

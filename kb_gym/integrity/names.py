@@ -4,10 +4,20 @@ are findings, and the names the behaviour analysis treats as launches, computati
 from __future__ import annotations
 
 import builtins as _builtins
+import re as _re
 
 MAX_PARSE_CHARS = 100_000  # about 25k tokens: far above a policy's completion, small enough to parse in time
 MAX_PER_FLAG = 6
 ENV_ALLOW = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})
+# Ways from a C++ source (load_inline) into the interpreter that runs it: pybind11's evaluation, imports, objects,
+# namespaces and attribute access, CPython's API, and token pasting (which spells any of them). Round 20: `py::exec`
+# ran round 4's time lie from an extension's source under `strict`, 60-81x. A kernel's binding needs none of them
+# (`PYBIND11_MODULE`, `m.def`, `py::arg` stay clean). Read by the static checks in every string, and by the runner
+# in what a build is actually given (worker/native_guard.py).
+INTO_PYTHON = _re.compile(
+    r"\bpy::(?:exec|eval|eval_file|globals|module_?\s*::\s*import|import|getattr|setattr|delattr|hasattr"
+    r"|reinterpret_borrow|reinterpret_steal|handle|object|module_?|dict|capsule|cpp_function|function)\b"
+    r"|\.\s*attr\s*\(|\b_?Py[A-Z][A-Za-z]*_\w+\s*\(|\bPy_\w+\s*\(|##")
 
 BUILTIN_NAMES = frozenset(dir(_builtins))
 DEFAULT_ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy", "tl": "triton.language"}

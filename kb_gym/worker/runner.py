@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import capabilities, device_digest, device_payload, header_diet, pch
+from kb_gym.worker import capabilities, device_digest, device_payload, header_diet, native_guard, pch
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, timed_call
 from kb_gym.worker.dataflow import DataflowTrace
@@ -176,6 +176,7 @@ class Runner:
         builds = may_build(msg["source"])
         if builds and os.environ.get(header_diet.ENV_SWITCH, "1") != "0":
             header_diet.install(self.headers)
+        native_guard.install()  # outermost (a build named by a computed name too): reads what the candidate passes
         self.pch = pch.install(self.pch_root) if self.pch_root is not None and builds else None
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
