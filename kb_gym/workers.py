@@ -147,7 +147,7 @@ class WorkerHandle:
         env.update(PYTHONUNBUFFERED="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                    PYTHONDONTWRITEBYTECODE="1")
         if self.device == "cpu":
-            # One intra-op thread, as in its runners (runner_client.runner_env): the judge's OpenMP pool
+            # One intra-op thread, as in its runners (runner_start.runner_env): the judge's OpenMP pool
             # must not spin on the cores its runner's call needs right after.
             env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         else:

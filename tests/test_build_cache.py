@@ -15,7 +15,7 @@ from adversarial.test_judge_isolation import CHECK, CPP_EXTENSION, GELU
 
 from kb_gym import Evaluator
 from kb_gym.worker import build_cache, pch
-from kb_gym.worker.runner_client import _pch_record
+from kb_gym.worker.runner_replies import pch_record
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ninja") is None,
                                     reason="needs g++ and ninja")
@@ -127,9 +127,9 @@ def test_a_cuda_judge_starts_the_cuda_header_before_any_candidate_asks(monkeypat
 
 def test_the_runners_header_record_is_cut_to_known_variant_names():
     """What a runner says it wanted becomes background builds: only names from pch.VARIANTS, a bounded list."""
-    assert _pch_record({"used": ["cpp"], "wanted": ["../../etc", "cuda-O3", 7] * 50}) == {
+    assert pch_record({"used": ["cpp"], "wanted": ["../../etc", "cuda-O3", 7] * 50}) == {
         "used": ["cpp"], "wanted": ["cuda-O3"] * 6}
-    assert _pch_record("junk") == _pch_record(None) == {"used": [], "wanted": []}
+    assert pch_record("junk") == pch_record(None) == {"used": [], "wanted": []}
     assert pch.start_build(Path("/nonexistent"), "../../etc") is False
 
 

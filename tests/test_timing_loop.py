@@ -9,7 +9,7 @@ import torch
 
 from kb_gym.worker import timing
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.runner_client import CallReply
+from kb_gym.worker.runner_replies import CallReply
 
 
 class ScriptedRunner:

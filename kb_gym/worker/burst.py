@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb_gym.worker.clock import median_ci
-from kb_gym.worker.runner_client import BurstReply, RunnerProcess
+from kb_gym.worker.runner_client import RunnerProcess
+from kb_gym.worker.runner_replies import BurstReply
 
 # A false claim may hide at most this share of the claimed median per forward (the envelope's own share).
 RESOLUTION = 0.03

@@ -16,7 +16,8 @@ from kb_gym.worker.checks import Comparison, compare_outputs, flatten_outputs, i
 from kb_gym.worker.float64 import judge
 from kb_gym.worker.inputs import clone_inputs, make_inputs
 from kb_gym.worker.loading import StageError
-from kb_gym.worker.runner_client import CallReply, RunnerProcess
+from kb_gym.worker.runner_client import RunnerProcess
+from kb_gym.worker.runner_replies import CallReply
 
 _isfinite = torch.isfinite
 

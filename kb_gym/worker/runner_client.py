@@ -8,7 +8,6 @@ or dead runner becomes a verdict, never a hung judge.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -16,16 +15,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, device_payload, header_diet, launch_shim, payload, pch, process
+from kb_gym.worker import build_cache, device_digest, device_payload, header_diet, launch_shim, payload
 from kb_gym.worker.clock import median_ci
-from kb_gym.worker.dataflow import REPORT_COUNTS
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import (
     LANDLOCK_BREAKS_CUDA,
@@ -35,9 +32,19 @@ from kb_gym.worker.protocol import (
     ProtocolError,
     write_message,
 )
+from kb_gym.worker.runner_replies import (
+    BACKENDS,
+    LOAD_STATUSES,
+    BurstReply,
+    CallReply,
+    dataflow_report,
+    finite_ms,
+    launch_count,
+    pch_record,
+)
+from kb_gym.worker.runner_start import READS_BREAK_CUDA, runner_env, widen_pipe
 from kb_gym.worker.spot_check import SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
-    MAX_OUTPUTS,
     PINNED_RECEIVE_BYTES,
     WIRE_DTYPES,
     WireError,
@@ -48,57 +55,6 @@ from kb_gym.worker.tensors import (
 )
 
 STARTUP_TIMEOUT = 300.0
-# What a runner's environment keeps of the judge's: tool locations and build settings, never
-# credentials or tokens (a candidate could return them in its error text).
-_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
-             "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "KB_GYM_LANDLOCK", "KB_GYM_RUNNER_READS",
-             "KB_GYM_SECCOMP", "OMP_NUM_THREADS", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "TRITON_PTXAS_PATH",
-             "KB_GYM_HEADER_DIET", "KB_GYM_PAYLOAD_PIN")
-# Devices whose runners' CUDA failed under the read rules: later runners there skip them.
-_READS_BREAK_CUDA: dict[str, str] = {}
-
-
-_F_SETPIPE_SZ = 1031
-_PIPE_BYTES = 1 << 20  # the default pipe-max-size: 16x fewer system calls per GB of outputs than 64 KB
-
-
-def _widen_pipe(fd: int) -> None:
-    """Outputs come back through this pipe: at the default 64 KB a 4 GB output took ~65,000 reads and writes.
-    Measured here (2 cores): 0.48 GB/s at 64 KB, 1.70 GB/s at 1 MB."""
-    try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:  # an unprivileged process above the system's pipe-max-size: the default stays
-        pass
-
-
-@dataclass
-class CallReply:
-    """What a runner said about one call, with the judge's own clock around it."""
-
-    outputs: Any = None  # a tensor, or a tuple of tensors, rebuilt by the judge
-    event_ms: float | None = None
-    host_ms: float | None = None  # as the runner reports it: informational only
-    envelope_ms: float = 0.0  # the judge's clock: from sending the seed to the runner's "done"
-    launches: int = 0
-    backends: list[str] = field(default_factory=list)
-    mutated: bool = False
-    numerics_changed: bool = False
-    dataflow: dict[str, Any] | None = None  # a traced call's report (dataflow.py), as the runner says
-
-
-@dataclass
-class BurstReply:
-    """What a runner said about a burst of forwards (``RunnerProcess.burst``), with the judge's clock around it."""
-
-    seeds: list[int]
-    envelope_ms: float  # the judge's clock: from sending the seeds to the runner's "burst_done"
-    event_ms: list[float | None]  # per forward, as the runner reports it: believed from a pristine runner only
-    commitments: list[Any]
-    nonce: int
-    structure: str
-    meta: list[dict[str, Any]]  # one forward's outputs, described
-
-
 # What a runner owes after "done" (drawn chunks, the payload's bytes) is the judge's protocol, not the
 # candidate's time, so it may take longer than the stage has left; but only as long as moving the bytes can
 # take at a pessimistic rate: a runner that stalls there holds its judge seconds, not a minute per call.
@@ -112,31 +68,10 @@ def transfer_wait(nbytes: int, timeout: float) -> float:
     return max(timeout, TRANSFER_FLOOR_S + max(0, nbytes) / TRANSFER_MIN_BYTES_PER_S)
 
 
-def runner_env(device: str, scratch: Path) -> dict[str, str]:
-    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
-    env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", TORCHINDUCTOR_COMPILE_THREADS="1",
-               HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"))
-    if device == "cpu":
-        # One intra-op thread on both sides of a CPU timing: two processes' OpenMP pools would otherwise
-        # spin against each other on a few cores (a 10 us ReLU measured 2.7 ms in the runner).
-        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    if sandbox.namespace_prefix():
-        env["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
-    env[process.ENV_HOST_IPC] = process.host_ipc_namespace()  # a runner in a namespace of its own caps SysV there
-    if device in _READS_BREAK_CUDA:
-        env["KB_GYM_RUNNER_READS"] = "0"
-    pch_root = pch.root_for(build_cache.extensions_root(), build_cache.toolchain(torch.device(device)),
-                            torch.device(device).type)
-    if pch_root is not None:
-        pch_root.mkdir(parents=True, exist_ok=True)  # before the runner's Landlock rules name it
-        env[pch.ENV_DIR] = str(pch_root)
-    return launch_shim.preload_env(device, env)
-
-
-def _pch_record(value: Any) -> dict[str, list[str]]:
-    got = value if isinstance(value, dict) else {}
-    return {key: [v for v in got.get(key) or [] if v in pch.VARIANTS][:len(pch.VARIANTS)] if isinstance(
-        got.get(key), list) else [] for key in ("used", "wanted")}
+RAN_WHILE_STOPPED = ("the candidate's processes ran while the judge held them stopped to measure beside them (one "
+                     "resumed itself, e.g. with a timer that sends SIGCONT): nothing measured then counts")
+NOT_STOPPED = ("the candidate's processes did not stop when the judge froze them to measure beside them (a thread "
+               "stayed inside one system call for seconds)")
 
 
 class RunnerProcess:
@@ -237,7 +172,7 @@ class RunnerProcess:
                     os.close(device_fd)
             self.pid = self.proc.pid
             self.stdin_fd, stdout_fd, stderr = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr
-        _widen_pipe(stdout_fd)
+        widen_pipe(stdout_fd)
         self.reader = MessageReader(stdout_fd)
         self.drain = LogDrain(stderr)
         self.drain.start()
@@ -270,7 +205,7 @@ class RunnerProcess:
             if msg is not None and msg.get("type") == LANDLOCK_BREAKS_CUDA:
                 said = str(msg.get("error", ""))
                 if not self.forked:  # a forked runner's CUDA failure is the zygote's to answer for
-                    _READS_BREAK_CUDA[self.device] = said
+                    READS_BREAK_CUDA[self.device] = said
             log = self.log_tail()
             self.kill()
             raise StageError("crash", f"a {'forked ' if self.forked else ''}runner for {self.device} failed to "
@@ -369,7 +304,7 @@ class RunnerProcess:
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
-        self.pch = _pch_record(reply.get("pch"))
+        self.pch = pch_record(reply.get("pch"))
         self.headers = header_diet.record_of(reply.get("headers"))
         if reply.get("status") != "ok":  # the runner names its failure, among those a load can have
             status = reply.get("status") if reply.get("status") in LOAD_STATUSES else "compile_error"
@@ -400,7 +335,7 @@ class RunnerProcess:
         if msg.get("type") != "done":
             raise self._unexpected(msg, "done")
         try:
-            _count(msg.get("launches"))  # checked where a WireError is the candidate's
+            launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
                 return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
@@ -439,7 +374,7 @@ class RunnerProcess:
         if (not isinstance(events, list) or not isinstance(commitments, list) or len(events) != len(seeds)
                 or len(commitments) != len(seeds) or not isinstance(msg.get("outputs"), list)):
             raise StageError("incorrect", "the runner's burst reply is malformed", flags=("tampering",))
-        return BurstReply(seeds=list(seeds), envelope_ms=envelope, event_ms=[_finite_ms(e) for e in events],
+        return BurstReply(seeds=list(seeds), envelope_ms=envelope, event_ms=[finite_ms(e) for e in events],
                           commitments=commitments, nonce=nonce, structure=str(msg.get("structure")),
                           meta=msg["outputs"])
 
@@ -481,13 +416,13 @@ class RunnerProcess:
 
     @staticmethod
     def _reply(msg: dict[str, Any], envelope: float, outputs: Any) -> CallReply:
-        return CallReply(outputs=outputs, event_ms=_finite_ms(msg.get("event_ms")),
-                         host_ms=_finite_ms(msg.get("host_ms")), envelope_ms=envelope,
-                         launches=_count(msg.get("launches")),
+        return CallReply(outputs=outputs, event_ms=finite_ms(msg.get("event_ms")),
+                         host_ms=finite_ms(msg.get("host_ms")), envelope_ms=envelope,
+                         launches=launch_count(msg.get("launches")),
                          backends=[b for b in msg.get("backends") if b in BACKENDS] if isinstance(
                              msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")),
-                         dataflow=_dataflow_report(msg.get("dataflow")))
+                         dataflow=dataflow_report(msg.get("dataflow")))
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
         """After "done": draw chunks, ask for them, check each against the hash "done" carried."""
@@ -666,57 +601,6 @@ class RunnerProcess:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
-
-
-# the kernel languages a runner's launch counter names (launches.py); any other name a reply carries is dropped
-# (round 9: four names of any length went whole into the result and the store, 6 MB a line)
-BACKENDS = ("triton", "cuda")
-LOAD_STATUSES = ("compile_error", "format_error", "runtime_error")  # what a failed load can be (runner._load)
-RAN_WHILE_STOPPED = ("the candidate's processes ran while the judge held them stopped to measure beside them (one "
-                     "resumed itself, e.g. with a timer that sends SIGCONT): nothing measured then counts")
-NOT_STOPPED = ("the candidate's processes did not stop when the judge froze them to measure beside them (a thread "
-               "stayed inside one system call for seconds)")
-
-
-def _finite_ms(value: Any) -> float | None:
-    """A time the runner reported, if it is one (not NaN, not negative, not a string)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if 0.0 <= value < 1e9 else None
-
-
-def _count(value: Any) -> int:
-    """A count the runner reported. Anything else ("many", a float, a list) is a WireError, so that garbage
-    costs the candidate its verdict, never the judge (an int() of it raised in the judge and restarted it)."""
-    if value is None:
-        return 0
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40:
-        return value
-    raise WireError(f"the runner reported a launch count that is not one: {str(value)[:40]!r}")
-
-
-def _dataflow_report(value: Any) -> dict[str, Any] | None:
-    """A traced call's report (dataflow.py) in the shape the judge reads, or None (no trace, or garbage: the
-    judge then takes nothing from it)."""
-    if not isinstance(value, dict):
-        return None
-    outputs = value.get("outputs")
-    if not isinstance(outputs, int) or isinstance(outputs, bool) or not 0 <= outputs <= MAX_OUTPUTS:
-        return None
-    lists = {name: value.get(name) for name in ("untainted", "computed")}
-    for items in lists.values():
-        if not isinstance(items, list) or not all(
-                isinstance(k, int) and not isinstance(k, bool) and 0 <= k < outputs for k in items):
-            return None
-    counts = {}
-    for name in REPORT_COUNTS:  # the trace's own counts only, each one a count
-        count = value.get(name, 0)
-        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count < 1 << 40:
-            return None
-        counts[name] = count
-    return {**counts, **{name: sorted(set(items)) for name, items in lists.items()}, "outputs": outputs,
-            "overflow": value.get("overflow") is True}
 
 
 def _running(pid: int) -> bool:

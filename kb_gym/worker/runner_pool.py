@@ -21,7 +21,8 @@ from kb_gym import sandbox
 from kb_gym.worker import build_cache
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import MessageReader, ProtocolError
-from kb_gym.worker.runner_client import _READS_BREAK_CUDA, STARTUP_TIMEOUT, RunnerProcess, runner_env
+from kb_gym.worker.runner_client import STARTUP_TIMEOUT, RunnerProcess
+from kb_gym.worker.runner_start import READS_BREAK_CUDA, runner_env
 
 
 def _zygote_env(device: str, home: Path) -> dict[str, str]:
@@ -171,7 +172,7 @@ class RunnerPool:
         except StageError as exc:
             if runner.forked:
                 self._give_up_zygote(exc.message)
-            elif self.device not in _READS_BREAK_CUDA:
+            elif self.device not in READS_BREAK_CUDA:
                 raise
             # again, differently (the failed one killed itself: wait_ready)
             runner = RunnerProcess(self.device, self.scratch_root, self._zygote())

@@ -26,7 +26,8 @@ import torch
 
 from kb_gym.worker.clock import CacheFlusher, median_ci, timed_call
 from kb_gym.worker.inputs import make_inputs
-from kb_gym.worker.runner_client import CallReply, RunnerProcess
+from kb_gym.worker.runner_client import RunnerProcess
+from kb_gym.worker.runner_replies import CallReply
 
 _perf_counter = time.perf_counter
 # Envelope time beyond this share of the candidate's median (or the absolute floor, whichever is

@@ -9,7 +9,7 @@ throughout (the runtime must hold where a static check misses). Numbers are from
 
 Got through (3 of 3 each), fixed:
 
-1. The dataflow report's counts are kept whole (``runner_client._dataflow_report``): every string key with an integer
+1. The dataflow report's counts are kept whole (``runner_replies.dataflow_report``): every string key with an integer
    value of the traced call's "dataflow" is copied into ``result.correctness["dataflow"]`` (``pytorch_alone``
    spreads it into its report), however many keys and however long, so the candidate decides the size of its own
    result (round 9's backends bloat, through another field). The candidate rebinds the protocol's ``encode`` (as
@@ -22,7 +22,7 @@ Got through (3 of 3 each), fixed:
    next candidate). The same report can also carry ``"verdict": 0`` (an integer), which overrides the judge's own
    "pytorch" in ``{"verdict": ..., **report}``; that gains nothing a forged ``untainted`` list does not already
    (the report is the runner's: defence in depth), so it has no test here.
-   Fixed: ``runner_client._dataflow_report`` keeps the counts the trace makes (``dataflow.REPORT_COUNTS``), each a
+   Fixed: ``runner_replies.dataflow_report`` keeps the counts the trace makes (``dataflow.REPORT_COUNTS``), each a
    count, and at most ``tensors.MAX_OUTPUTS`` outputs; ``correctness.pytorch_alone`` puts the judge's ``verdict``
    and ``why`` after the report; and a judge's result over 1 MB (``job.RESULT_BYTES``) loses its largest parts and
    becomes a ``crash`` that says so instead of a message the evaluator refuses (``job._bounded``).

@@ -39,7 +39,7 @@ def ev():
 # default reward gives it 0.4 (``correct_base``: the status is authoritative, rewards.presets.is_correct) against
 # -0.3 for the same broken model judged honestly; Kevin/Dr.Kernel give 0.3/0.5, and ``metrics`` counts it solved.
 # Why it matters: a false ``correct`` for any program at all, whatever the problem.
-# Stopped since (session 18): a failed load's status is one of those a load can have (runner_client.LOAD_STATUSES,
+# Stopped since (session 18): a failed load's status is one of those a load can have (runner_replies.LOAD_STATUSES,
 # else compile_error), and no StageError can say "correct" (loading.FAILURE_STATUSES).
 
 FORGED_LOAD_STATUS = cand(FIND_RUNNER + '''
@@ -176,7 +176,7 @@ def test_a_calibration_measured_beside_another_workers_candidate_does_not_judge_
 # the results (a disk filled at ~6 MB an evaluation), and a judge can be restarted at will. Fix: keep only known
 # backend names of bounded length in ``RunnerProcess._reply`` (and bound ``result["backend"]`` in run_trials).
 # Stopped since (session 18): a reply's backends are kept only where they name a kernel language the launch
-# counter knows (runner_client.BACKENDS).
+# counter knows (runner_replies.BACKENDS).
 
 BIG_BACKENDS = cand('''
 import sys
