@@ -10,6 +10,7 @@ from kb_gym.integrity.astutil import FUNCS, const_str, is_builtin, is_dunder, sh
 from kb_gym.integrity.names import (
     ATTR_GETTERS,
     ATTR_RULES,
+    CLASS_NAMES_DENIED,
     DANGEROUS_NAMES,
     DUNDER_OK,
     ENV_ALLOW,
@@ -20,11 +21,14 @@ from kb_gym.integrity.names import (
     PATH_CALLS,
     PRECISION_CALLS,
     TENSOR_BASES,
+    native_source,
 )
 from kb_gym.integrity.paths import _StateChecks
 
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _NAMESPACE_CALLS = ("globals", "locals", "vars")
+CODE_STRING_CHARS = 20_000  # strings longer than this are not parsed as code (kernels' sources are C++)
+_CODE_DEPTH = [0]  # strings checked as code inside strings checked as code: two levels at most
 
 
 class _SimpleChecks(_StateChecks):
@@ -131,15 +135,58 @@ class _SimpleChecks(_StateChecks):
             an.add("introspection", node.lineno, f"refers to `{text[:40]}`")
         elif "kb_gym" in text.lower():
             an.add("introspection", node.lineno, "refers to the evaluator (`kb_gym`) in a string")
-        elif INTO_PYTHON.search(text):
+        elif hit := INTO_PYTHON.search(native_source(text)):
             an.add("introspection", node.lineno, f"reaches the Python interpreter from native code "
-                   f"(`{INTO_PYTHON.search(text).group(0).strip()}`)")
+                   f"(`{hit.group(0).strip()}`)")
         elif len(text) < 200 and _DOTTED_NAME.fullmatch(text):
-            hit = next((p for p in text.split(".") if p in DANGEROUS_NAMES), None)
-            if hit:
-                an.add("introspection", node.lineno, f"names `{hit}` in a string")
+            name = next((p for p in text.split(".") if p in DANGEROUS_NAMES), None)
+            if name:
+                an.add("introspection", node.lineno, f"names `{name}` in a string")
+        else:
+            self.check_code_string(node)
+
+    def check_code_string(self, node: ast.Constant) -> None:
+        """A string that is Python code (an annotation evaluated later, text a library function runs): checked as
+        code, its findings the string's (round 21: ``typing.get_type_hints`` on ``x: "__import__('sys').modules"``,
+        ``torch.fx``'s exec of a text). Only text that parses and does something (a call, an import, an attribute
+        read): an error message or a kernel's C++ does not parse; a bare name or dotted name is read above."""
+        text = node.value
+        if len(text) > CODE_STRING_CHARS or _CODE_DEPTH[0] >= 2 or not any(c in text for c in "(.\n;="):
+            return
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            return
+        if not any(isinstance(n, (ast.Call, ast.Import, ast.ImportFrom, ast.Attribute)) for n in ast.walk(tree)):
+            return
+        from kb_gym.integrity.static import static_findings  # the checks over the text, one level down
+
+        _CODE_DEPTH[0] += 1
+        try:
+            inner = static_findings(text)
+        finally:
+            _CODE_DEPTH[0] -= 1
+        for finding in inner:
+            if finding.flag in ("introspection", "harness_patch", "dynamic_code", "concurrency", "io_escape",
+                                "tensor_subclass", "unlisted_import"):
+                self.an.add(finding.flag, node.lineno, f"a string that is Python code: {finding.message}")
 
     def check_class(self, node: ast.ClassDef) -> None:
+        for stmt in node.body:  # the class's own namespace (round 21)
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+                stmt, (ast.AnnAssign, ast.AugAssign)) else []
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            if isinstance(stmt, FUNCS):
+                names.append(stmt.name)
+            for name in names:
+                if name in CLASS_NAMES_DENIED:
+                    self.an.add("introspection", stmt.lineno, f"class `{node.name}` defines `{name}`, which decides "
+                                "what a class pattern matches and reads")
+            value = getattr(stmt, "value", None)
+            module = self.an.is_module(value) if value is not None else None
+            if module:  # `class K: m = collections`: `K.m` has no module root the checks could follow
+                self.an.add("dynamic_code", stmt.lineno, f"keeps the module `{module}` in class `{node.name}`, "
+                            "where the checks cannot follow what is done with it")
         for base in node.bases:
             q = self.an.qual(base)
             if q in TENSOR_BASES:

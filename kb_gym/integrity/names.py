@@ -9,15 +9,30 @@ import re as _re
 MAX_PARSE_CHARS = 100_000  # about 25k tokens: far above a policy's completion, small enough to parse in time
 MAX_PER_FLAG = 6
 ENV_ALLOW = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})
-# Ways from a C++ source (load_inline) into the interpreter that runs it: pybind11's evaluation, imports, objects,
-# namespaces and attribute access, CPython's API, and token pasting (which spells any of them). Round 20: `py::exec`
-# ran round 4's time lie from an extension's source under `strict`, 60-81x. A kernel's binding needs none of them
-# (`PYBIND11_MODULE`, `m.def`, `py::arg` stay clean). Read by the static checks in every string, and by the runner
-# in what a build is actually given (worker/native_guard.py).
+# Ways from a C++ source (load_inline) into the interpreter that runs it, read in the source with its comments and
+# line splices taken out (native_source): pybind11's evaluation, imports, namespaces and attribute access under any
+# namespace name (`py::`, `pybind11::`, an alias), CPython's entry points as identifiers (called, aliased by a
+# `#define`, taken by address, or named in an `__asm__` label), and the dynamic linker. Round 20: `py::exec` ran round
+# 4's time lie from an extension's source under `strict` (60-81x); round 21 spelled it ten ways past the first
+# pattern. A kernel's binding needs none of them (`PYBIND11_MODULE`, `m.def`, `py::arg`, `py::object`, `py::none`
+# stay clean). Read by the static checks in every string, and by the runner in what a build is actually given
+# (worker/native_guard.py).
 INTO_PYTHON = _re.compile(
-    r"\bpy::(?:exec|eval|eval_file|globals|module_?\s*::\s*import|import|getattr|setattr|delattr|hasattr"
-    r"|reinterpret_borrow|reinterpret_steal|handle|object|module_?|dict|capsule|cpp_function|function)\b"
-    r"|\.\s*attr\s*\(|\b_?Py[A-Z][A-Za-z]*_\w+\s*\(|\bPy_\w+\s*\(|##")
+    r"\b\w+\s*::\s*(?:exec|eval|eval_file|globals|getattr|setattr|delattr|hasattr|reinterpret_borrow"
+    r"|reinterpret_steal|import)\b"
+    r"|\bmodule_?\s*::\s*import\b|\.\s*attr\s*\(|\busing\s+namespace\s+pybind11\b"
+    r"|\b_?Py(?:Run|Eval|Import|Sys|Frame|ThreadState|InterpreterState|Code|Function|Marshal|GC|Capsule_Import"
+    r"|Object_(?:Generic)?[GS]etAttr|Module_GetDict|Dict_GetItem)\w*"
+    r"|\b_Py\w+|\bPy_(?:CompileString|Initialize|Finalize|Exit|Main|RunMain|NewInterpreter|EndInterpreter"
+    r"|BytesMain)\w*"
+    r"|\bdl(?:sym|vsym|open|mopen|info)\b")
+_COMMENTS = _re.compile(r"//[^\n]*|/\*.*?\*/", _re.DOTALL)
+
+
+def native_source(text: str) -> str:
+    """C or C++ source as the compiler reads its tokens: line splices joined and comments taken out (a name split
+    by either reads whole there: round 21)."""
+    return _COMMENTS.sub(" ", text.replace("\\\n", "").replace("\\\r\n", ""))
 
 BUILTIN_NAMES = frozenset(dir(_builtins))
 DEFAULT_ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy", "tl": "triton.language"}
@@ -108,7 +123,18 @@ REF_RULES: tuple[tuple[str, str], ...] = (
     ("torch._inductor.compile*", "pytorch_compiler"), ("torch._inductor.aot_compile", "pytorch_compiler"),
     ("torch.jit.script", "pytorch_compiler"),
     ("torch.jit.trace", "pytorch_compiler"), ("torch.export", "pytorch_compiler"),
+    # library functions that import, evaluate or read a frame for their caller (round 21): a string or a depth in,
+    # a module, a value or a frame out, with no import or eval in the candidate's own code
+    ("torch._utils._import_dotted_name", "introspection"), ("torch.package", "introspection"),
+    ("torch._jit_internal", "introspection"), ("torch.fx.graph_module._exec_with_source", "dynamic_code"),
+    ("torch.fx.graph_module._forward_from_src", "dynamic_code"),
+    ("torch.fx.graph_module._method_from_src", "dynamic_code"), ("typing.get_type_hints", "dynamic_code"),
+    ("typing.ForwardRef", "dynamic_code"), ("typing._eval_type", "dynamic_code"),
+    ("inspect.get_annotations", "dynamic_code"), ("importlib.import_module", "harness_patch"),
 )
+# Names a class body may not define: positional class patterns read the attributes ``__match_args__`` names, and an
+# ``__instancecheck__`` makes any subject match (round 21: ``case _C(G)`` read a function's ``__globals__``)
+CLASS_NAMES_DENIED = frozenset({"__match_args__", "__instancecheck__", "__subclasscheck__"})
 # Standard modules whose use the rules above restrict, as attributes of another module.
 # (Not ``signal``, ``types`` or ``random``: torch has submodules of those names.)
 REACHABLE_STDLIB = frozenset({

@@ -1,22 +1,36 @@
-"""No extension build that reaches the Python interpreter from C++, judged on the text the build is given.
+"""No extension build that reaches the Python interpreter from C++, judged on what the build is given and on what
+it built.
 
 The static checks read the candidate's strings (integrity/checks.py, ``INTO_PYTHON``); a source composed at run time
 (pieces joined, a template filled) is seen only here, in the runner, where ``load_inline`` and ``load`` are called:
-a source that names ``py::exec``, an import, CPython's API or token pasting is refused before the compiler runs, a
-``compile_error`` that says why (round 20). Like every check in the runner, defence in depth: native code that is
-built can do anything in its process, which is why the runner holds nothing the verdict rests on.
+a source that names ``py::exec``, an import, CPython's entry points or the dynamic linker is refused before the
+compiler runs (round 20). However it is spelled (a macro that pastes a name together, an ``__asm__`` label: round
+21), a library that calls one of them links it: before a built library is loaded, its undefined dynamic symbols are
+read from its ELF file, and one of ``DENIED_SYMBOLS`` refuses it. (An honest pybind11 extension links
+``PyObject_GetAttrString``, ``PyEval_GetBuiltins`` and ``PyFrame_GetBack`` for its own machinery, so those cannot be
+told from a candidate's use of them; none links ``PyRun_*``, ``PyImport_*``, ``Py_CompileString*``, ``PySys_*`` or
+``dlsym``.) Either is a ``compile_error`` that says why. Like every check in the runner, defence in depth: native
+code that is built can do anything in its process, which is why the runner holds nothing the verdict rests on.
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kb_gym.integrity.names import INTO_PYTHON
+from kb_gym.integrity.names import INTO_PYTHON, native_source
 
 MAX_SOURCE_BYTES = 8 << 20  # a source file read to check it (kernels are kilobytes)
+MAX_LIBRARY_BYTES = 1 << 30  # a built library read for its symbols
+# Undefined symbols no kernel's library needs: the interpreter's evaluation, imports and system state, code objects,
+# and the dynamic linker (which would find any of them by name)
+DENIED_SYMBOLS = re.compile(r"_?Py(?:Run|Import|Sys|Marshal|Code|Function)_\w*|Py_CompileString\w*"
+                            r"|PyEval_(?:EvalCode\w*|EvalFrame\w*|GetGlobals|GetLocals|GetFrame\w*|MergeCompilerFlags)"
+                            r"|_?_?(?:libc_)?dl(?:sym|vsym|open|mopen|_sym)")
 
 
 class NativeSourceRefused(RuntimeError):
@@ -43,15 +57,49 @@ def _files(paths: Any) -> Iterable[str]:
 
 def check(texts: Iterable[str]) -> None:
     for text in texts:
-        hit = INTO_PYTHON.search(text)
+        hit = INTO_PYTHON.search(native_source(text))
         if hit:
             raise NativeSourceRefused(f"the extension's source reaches the Python interpreter (`{hit.group(0).strip()}`"
                                       "): kernels and their bindings have no use for it")
 
 
+def undefined_symbols(path: str | Path) -> list[str]:
+    """The undefined symbols of an ELF library's dynamic symbol table (what the loader will look up for it)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_LIBRARY_BYTES)
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # 64-bit little-endian only (Linux x86-64, aarch64)
+        raise NativeSourceRefused(f"{Path(path).name} is not a library this runner can read")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + k * shentsize) for k in range(shnum)]
+    names: list[str] = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11 or not entsize:  # SHT_DYNSYM
+            continue
+        strings = sections[link]
+        base = strings[4]
+        for k in range(size // entsize):
+            name_at, _, _, shndx = struct.unpack_from("<IBBH", data, offset + k * entsize)
+            if shndx == 0 and name_at:
+                end = data.index(b"\0", base + name_at)
+                names.append(data[base + name_at:end].decode("ascii", "replace"))
+    return names
+
+
+def check_library(path: str | Path) -> None:
+    try:
+        denied = sorted({name for name in undefined_symbols(path) if DENIED_SYMBOLS.fullmatch(name.split("@")[0])})
+    except (OSError, struct.error, ValueError, IndexError) as exc:
+        raise NativeSourceRefused(f"the built library could not be read for its symbols ({exc})") from None
+    if denied:
+        raise NativeSourceRefused(f"the built library calls into the Python interpreter or the dynamic linker "
+                                  f"({', '.join(denied[:4])}): kernels and their bindings have no use for it")
+
+
 def install() -> None:
     """Wrap ``load_inline`` and ``load`` of ``torch.utils.cpp_extension`` in this process (outermost: what the
     candidate passes is what is read)."""
+    import torch
     import torch.utils.cpp_extension as cpp_extension
 
     inline, files = cpp_extension.load_inline, cpp_extension.load
@@ -66,4 +114,22 @@ def install() -> None:
         check(_files(sources))
         return files(name, sources, *args, **kwargs)
 
+    library_import = getattr(cpp_extension, "_import_module_from_library", None)
+    if library_import is not None:  # every build of load and load_inline is loaded through it (torch 2.x)
+        suffix = getattr(cpp_extension, "LIB_EXT", ".so")
+
+        @functools.wraps(library_import)
+        def import_library(module_name: Any, path: Any, is_python_module: Any) -> Any:
+            check_library(Path(path) / f"{module_name}{suffix}")
+            return library_import(module_name, path, is_python_module)
+
+        cpp_extension._import_module_from_library = import_library
+    ops_load = torch.ops.load_library
+
+    @functools.wraps(ops_load)
+    def load_library(path: Any) -> Any:
+        check_library(path)
+        return ops_load(path)
+
     cpp_extension.load_inline, cpp_extension.load = load_inline, load
+    torch.ops.load_library = load_library
