@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 
 CUDA = r"""
 #include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }
