@@ -143,8 +143,8 @@ def test_a_calibration_that_widens_the_tolerance_is_not_shared_with_the_devices_
 
     clean, noisy = timing.Calibration(2.2, 0.05), timing.Calibration(9.0, 4.0)
     assert judge_timing.shareable(clean, "cpu") and not judge_timing.shareable(noisy, "cpu")
-    assert judge_timing.shareable(timing.Calibration(2.5, 0.02), "cuda")
-    assert not judge_timing.shareable(timing.Calibration(2.5, 0.2), "cuda")  # 4 x 0.2 ms: past the 0.3 ms floor
+    assert judge_timing.shareable(timing.Calibration(4.5, 0.1), "cuda")  # the H200's median: 0.4 ms, within 1.1 ms
+    assert not judge_timing.shareable(timing.Calibration(2.5, 0.2), "cuda")  # 0.8 ms: past the floor and 0.6 ms
     ctx = SimpleNamespace(device=torch.device("cpu"), calibrations={})
     key = ("problem", "fp32", False, 0, False)
     offered = [{"key": list(key), "overhead_ms": c.overhead_ms, "spread_ms": c.spread_ms,

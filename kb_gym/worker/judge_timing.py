@@ -20,7 +20,6 @@ from kb_gym.worker.spot_check import CHUNKS_PER_CALL, chunk_size
 from kb_gym.worker.timed_checks import timed_output_check
 from kb_gym.worker.timing import (
     ENVELOPE_FLOOR_MS,
-    OVERHEAD_SHARE,
     SPREAD_FACTOR,
     Calibration,
     PairedTiming,
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 CALIBRATION_TTL_S = 60.0  # a problem's calibration is reused this long (the machine's load drifts)
 CALIBRATION_CALLS = 10  # timed reference calls in a pristine runner: its per-call overhead (the first 2 warm up)
 SOL_MARGIN = 0.75  # the speed-of-light floor is this share of the ideal time: no honest kernel is flagged
+SHARED_SPREAD = 0.25  # a calibration is shared where its tolerance is within this share of its overhead (shareable)
 
 
 def timed_chunk_bytes(cfg: dict[str, Any], state: dict[str, Any], result: dict[str, Any]) -> int:
@@ -92,13 +92,14 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
 
 
 def shareable(calibration: Calibration, device_kind: str) -> bool:
-    """Whether a calibration may judge the device's other judges too: only one that widens no tolerance past the
-    envelope's floor. A spare measured beside another worker's load (round 9: a candidate's import burning every
-    core) reads a large, noisy overhead, whose tolerance (12-22 ms on the CPU against 3) lets work hide; shared, it
-    judged every judge of the device for its 60 s, not only the one that measured it (round 19's reading)."""
+    """Whether a calibration may judge the device's other judges too: one whose spread is no wider than an honest
+    one's. A spare measured beside another worker's load (round 9: a candidate's import burning every core) reads a
+    noisy overhead, whose tolerance (SPREAD_FACTOR x its spread: 8-22 ms on the CPU against a 3 ms floor) lets work
+    hide; shared, it judged every judge of the device for its 60 s, not only the one that measured it (round 19's
+    reading). Honest spreads stay within a quarter of the overhead: 70 of 73 calibrations on the H200 (median spread
+    1.6% of a 4.5 ms overhead; docs/measurements), against 25-40% for round 9's poisoned ones on the CPU."""
     floor = ENVELOPE_FLOOR_MS.get(device_kind, 0.5)
-    return (SPREAD_FACTOR * calibration.spread_ms <= floor
-            and OVERHEAD_SHARE.get(device_kind, 0.1) * calibration.overhead_ms <= floor)
+    return SPREAD_FACTOR * calibration.spread_ms <= max(floor, SHARED_SPREAD * calibration.overhead_ms)
 
 
 def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
