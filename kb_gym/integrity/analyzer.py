@@ -18,6 +18,7 @@ from kb_gym.integrity.names import (
     KNOWN_SUBMODULES,
     MAX_PER_FLAG,
     MODULE_FAMILIES,
+    PRIVATE_DENIED,
     REACHABLE_STDLIB,
     REF_EXACT,
     REF_PREFIX,
@@ -45,6 +46,7 @@ class _Analyzer:
         self.const_indexed: set[int] = set()  # expressions indexed by a constant key (`vars(m)["name"]`)
         self.stores: dict[str, int] = {}  # how many times each name is bound
         self.values: dict[str, ast.expr] = {}  # the value of a name bound once by `name = value`
+        self.classes: set[str] = set()  # names a `class` or `def` statement binds
 
     # ----------------------------------------------------------------- reporting
 
@@ -93,6 +95,7 @@ class _Analyzer:
                 self.bound.add(node.arg)
                 self.stores[node.arg] = self.stores.get(node.arg, 0) + 1
             elif isinstance(node, DEFS):
+                self.classes.add(node.name)
                 self.bound.add(node.name)
                 self.stores[node.name] = self.stores.get(node.name, 0) + 1
                 body = node.body
@@ -251,6 +254,9 @@ class _Analyzer:
                          f"{verb} `{name}`: the module `{parts[i]}` through `{'.'.join(parts[:i])}`")
                 return
         self.check_home(name, line, verb)
+        if parts[0] in PRIVATE_DENIED and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            self.add("dynamic_code", line, f"{verb} `{name}`, a private name of `{parts[0]}` (its internals "
+                     "evaluate and import for their caller)")
 
     def check_home(self, name: str, line: int, verb: str) -> None:
         """The rules again on what each step of ``name`` is (resolve.py): a module or function of a denied module

@@ -14,6 +14,7 @@ from kb_gym.integrity.names import (
     DANGEROUS_NAMES,
     DUNDER_OK,
     ENV_ALLOW,
+    EVALUATING_BUILTINS,
     INTO_PYTHON,
     MODULE_ARG_OK,
     MUTATORS,
@@ -27,6 +28,36 @@ from kb_gym.integrity.paths import _StateChecks
 
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _NAMESPACE_CALLS = ("globals", "locals", "vars")
+_TYPE_FACTORIES = ("TypeVar", "NewType", "ParamSpec", "TypeVarTuple", "NamedTuple", "TypedDict", "namedtuple")
+
+
+def _constant_names(node: ast.expr) -> list[str] | None:
+    """The names of a literal list or tuple of strings, or of ``"a.b".split(".")``; else None."""
+    if isinstance(node, (ast.List, ast.Tuple)) and all(const_str(e) is not None for e in node.elts):
+        return [e.value for e in node.elts]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "split"
+            and const_str(node.func.value) is not None and len(node.args) == 1 and const_str(node.args[0])):
+        return node.func.value.value.split(node.args[0].value)
+    return None
+
+
+def _type_like(node: ast.expr) -> bool:
+    """Whether a value reads as a type for an annotation: a name or dotted name, ``None``, a string (checked as code
+    where it is one), a subscript, union or tuple of those, or a typing factory (``TypeVar("T")``)."""
+    if isinstance(node, (ast.Name, ast.Attribute)) or (isinstance(node, ast.Constant) and (
+            node.value is None or isinstance(node.value, str))):
+        return True
+    if isinstance(node, ast.Subscript):  # a generic (`Optional[T]`), not a string sliced (`"..."[::-1]`)
+        return isinstance(node.value, (ast.Name, ast.Attribute)) and _type_like(node.slice)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _type_like(node.left) and _type_like(node.right)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_type_like(e) for e in node.elts)
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        return name in _TYPE_FACTORIES
+    return False
 CODE_STRING_CHARS = 20_000  # strings longer than this are not parsed as code (kernels' sources are C++)
 _CODE_DEPTH = [0]  # strings checked as code inside strings checked as code: two levels at most
 
@@ -48,6 +79,8 @@ class _SimpleChecks(_StateChecks):
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                 if not isinstance(node, ast.AnnAssign) or node.value is not None:
                     self.check_store(node.target, node.lineno)
+                if isinstance(node, ast.AnnAssign):
+                    self.check_annotation(node.annotation, node.lineno)
             elif isinstance(node, ast.Delete):
                 for target in node.targets:
                     self.check_store(target, node.lineno, verb="deletes")
@@ -64,6 +97,8 @@ class _SimpleChecks(_StateChecks):
                                "through `__dict__`")
                     self.check_module_flow(node)
             elif isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    self.check_builtin_value(node)
                 if node.id == "__builtins__":
                     an.add("harness_patch", node.lineno, "uses `__builtins__`")
                 elif node.id in an.alias and an.alias[node.id] != node.id:
@@ -85,6 +120,11 @@ class _SimpleChecks(_StateChecks):
                 self.check_class(node)
             elif isinstance(node, FUNCS):
                 self.check_attr_name(node.name, node.lineno, defines=True)
+                a = node.args
+                for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                    if arg is not None:
+                        self.check_annotation(arg.annotation, node.lineno)
+                self.check_annotation(node.returns, node.lineno)
 
     # ----------------------------------------------------------------- imports and names
 
@@ -144,6 +184,42 @@ class _SimpleChecks(_StateChecks):
                 an.add("introspection", node.lineno, f"names `{name}` in a string")
         else:
             self.check_code_string(node)
+
+    def check_builtin_value(self, node: ast.Name) -> None:
+        """``eval``, ``getattr`` and the like used as a value (mapped, wrapped, stored) rather than called: what they
+        will be given is not there to judge (round 22)."""
+        an = self.an
+        if not is_builtin(an.qual(node), *EVALUATING_BUILTINS):
+            return
+        parent = an.parents.get(id(node))
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return
+        names = _constant_names(parent.args[1]) if (
+            isinstance(parent, ast.Call) and an.qual(parent.func) == "functools.reduce" and node.id == "getattr"
+            and len(parent.args) >= 2 and parent.args[0] is node) else None
+        if names is not None:  # `functools.reduce(getattr, "block.0".split("."), self)`: a path of known names
+            for name in names:
+                self.check_attr_name(name, node.lineno)
+                if name in DANGEROUS_NAMES:
+                    an.add("introspection", node.lineno, f"reads `{name}` through `functools.reduce(getattr, ...)`")
+            return
+        an.add("dynamic_code", node.lineno, f"uses `{node.id}` as a value (`{short(parent or node, 50)}`), so what "
+               "it evaluates or reads cannot be judged")
+
+    def check_annotation(self, node: ast.expr | None, line: int) -> None:
+        """An annotation is evaluated by whatever reads the function's type hints (``functools.singledispatch``'s
+        ``register``, ``typing.get_type_hints``): one that names a value bound to anything but a type (a string built at
+        run time) is text evaluated where the checks cannot read it (round 22)."""
+        an = self.an
+        for sub in ast.walk(node) if node is not None else []:
+            # a name bound nowhere here is a builtin's or an import's (or fails when evaluated)
+            if not isinstance(sub, ast.Name) or sub.id not in an.stores or sub.id in an.imported:
+                continue
+            value = an.value_of(sub.id)
+            if sub.id in an.classes or (value is not None and _type_like(value)):
+                continue
+            an.add("dynamic_code", line, f"annotates with `{sub.id}`, bound to a value that is no type, which whatever "
+                   "reads the annotations evaluates")
 
     def check_code_string(self, node: ast.Constant) -> None:
         """A string that is Python code (an annotation evaluated later, text a library function runs): checked as

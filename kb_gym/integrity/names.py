@@ -22,10 +22,11 @@ INTO_PYTHON = _re.compile(
     r"|reinterpret_steal|import)\b"
     r"|\bmodule_?\s*::\s*import\b|\.\s*attr\s*\(|\busing\s+namespace\s+pybind11\b"
     r"|\b_?Py(?:Run|Eval|Import|Sys|Frame|ThreadState|InterpreterState|Code|Function|Marshal|GC|Capsule_Import"
-    r"|Object_(?:Generic)?[GS]etAttr|Module_GetDict|Dict_GetItem)\w*"
+    r"|Object_(?:Generic)?[GS]etAttr|Object_Call|Module_GetDict|Dict_GetItem)\w*"
     r"|\b_Py\w+|\bPy_(?:CompileString|Initialize|Finalize|Exit|Main|RunMain|NewInterpreter|EndInterpreter"
     r"|BytesMain)\w*"
-    r"|\bdl(?:sym|vsym|open|mopen|info)\b")
+    r"|\bdl(?:sym|vsym|open|mopen|info)\b"
+    r"|^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", _re.MULTILINE)  # an include named by a macro: no check reads it
 _COMMENTS = _re.compile(r"//[^\n]*|/\*.*?\*/", _re.DOTALL)
 
 
@@ -131,7 +132,18 @@ REF_RULES: tuple[tuple[str, str], ...] = (
     ("torch.fx.graph_module._method_from_src", "dynamic_code"), ("typing.get_type_hints", "dynamic_code"),
     ("typing.ForwardRef", "dynamic_code"), ("typing._eval_type", "dynamic_code"),
     ("inspect.get_annotations", "dynamic_code"), ("importlib.import_module", "harness_patch"),
+    ("typing_extensions.get_type_hints", "dynamic_code"), ("typing_extensions.get_annotations", "dynamic_code"),
+    ("typing_extensions.evaluate_forward_ref", "dynamic_code"), ("typing_extensions.ForwardRef", "dynamic_code"),
 )
+# Builtins that evaluate text or read and write by a name: judged where they are called (checks.check_call), and
+# ``dynamic_code`` wherever they are used as a value instead (round 22: ``next(map(eval, [s]))``, ``functools.reduce(
+# getattr, [n], f)``, ``dict(e=eval)["e"](s)`` on a string built at run time: no call of them to judge)
+EVALUATING_BUILTINS = frozenset({"eval", "exec", "compile", "getattr", "setattr", "delattr", "vars", "globals",
+                                 "locals", "__import__", "breakpoint"})
+# Allowed standard modules whose private names (``dataclasses._create_fn``: an ``exec`` of lines it is given;
+# ``typing._eval_type``) no kernel needs: ``dynamic_code`` (round 22)
+PRIVATE_DENIED = frozenset({"functools", "itertools", "collections", "typing", "typing_extensions", "dataclasses",
+                            "enum", "abc", "warnings", "textwrap", "os", "math", "cmath", "numbers"})
 # Names a class body may not define: positional class patterns read the attributes ``__match_args__`` names, and an
 # ``__instancecheck__`` makes any subject match (round 21: ``case _C(G)`` read a function's ``__globals__``)
 CLASS_NAMES_DENIED = frozenset({"__match_args__", "__instancecheck__", "__subclasscheck__"})

@@ -16,8 +16,11 @@ code that is built can do anything in its process, which is why the runner holds
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
 import struct
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,8 @@ MAX_SOURCE_BYTES = 8 << 20  # a source file read to check it (kernels are kiloby
 MAX_LIBRARY_BYTES = 1 << 30  # a built library read for its symbols
 # Undefined symbols no kernel's library needs: the interpreter's evaluation, imports and system state, code objects,
 # and the dynamic linker (which would find any of them by name)
-DENIED_SYMBOLS = re.compile(r"_?Py(?:Run|Import|Sys|Marshal|Code|Function)_\w*|Py_CompileString\w*"
+DENIED_SYMBOLS = re.compile(r"_?Py(?:Run|Sys|Marshal|Code|Function)_\w*|Py_CompileString\w*"
+                            r"|PyImport_(?!ImportModule$)\w*"  # pybind11/numpy.h imports numpy's C API module
                             r"|PyEval_(?:EvalCode\w*|EvalFrame\w*|GetGlobals|GetLocals|GetFrame\w*|MergeCompilerFlags)"
                             r"|_?_?(?:libc_)?dl(?:sym|vsym|open|mopen|_sym)")
 
@@ -55,12 +59,73 @@ def _files(paths: Any) -> Iterable[str]:
             continue  # the build itself says what is wrong with it
 
 
-def check(texts: Iterable[str]) -> None:
+# The candidate's own text through the preprocessor, system headers left out: a name its macros paste together
+# (`J(PyEv, al_GetBuiltins)`, round 22) reads whole there. Its own headers (an `#include "x.h"` of a file it wrote,
+# an absolute path) are read in; stand-ins for the pasting macros of torch's and pybind11's headers, which it may use
+# without defining them. A name pasted by a macro of another system header is left to the library's symbols.
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]*)[>"][^\n]*$', re.MULTILINE)
+_PASTING = "".join(f"#define {name}(a, b) a##b\n" for name in (
+    "C10_CONCATENATE", "C10_CONCATENATE_IMPL", "AT_CONCAT", "AT_CONCAT_AUX", "PYBIND11_CONCAT", "ITT_JOIN",
+    "ITT_JOIN_AUX", "TH_CONCAT_2", "TH_CONCAT_2_EXPAND")) + "".join(
+    f"#define {name}(a, b, c) a##b##c\n" for name in ("TH_CONCAT_3", "TH_CONCAT_3_EXPAND")) + "".join(
+    f"#define {name}(a, b, c, d) a##b##c##d\n" for name in ("TH_CONCAT_4", "TH_CONCAT_4_EXPAND"))
+MAX_INCLUDES = 64
+
+
+def _flattened(text: str, dirs: list[Path], seen: set[str]) -> str:
+    """``text`` with system includes dropped and the candidate's own included files read in, once each."""
+    def include(match: re.Match) -> str:
+        bracket, name = match.group(1), match.group(2)
+        path = Path(name)
+        if bracket == "<" and not path.is_absolute():
+            return ""  # a system header: its macros are not the candidate's (stand-ins above)
+        for folder in ([] if path.is_absolute() else dirs) + ([path] if path.is_absolute() else []):
+            found = path if path.is_absolute() else folder / path
+            key = str(found.resolve()) if found.is_file() else ""
+            if key and key not in seen and len(seen) < MAX_INCLUDES:
+                seen.add(key)
+                try:
+                    inner = found.read_bytes()[:MAX_SOURCE_BYTES].decode("utf-8", "replace")
+                except OSError:
+                    return ""
+                return _flattened(inner, [found.parent, *dirs], seen)
+        return ""
+    return _INCLUDE.sub(include, text)
+
+
+def expanded(text: str, dirs: Iterable[str | Path] = ()) -> str:
+    """``text`` as the C preprocessor expands it without the system headers, or "" where none could run. ``dirs``:
+    where its quoted includes are looked for (the build folder, extra include paths)."""
+    compiler = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("cpp")
+    if compiler is None or "#" not in text:
+        return ""
+    command = [compiler, "-E", "-P", "-w", "-x", "c++", "-std=c++17", "-nostdinc", "-"]
+    source = _PASTING + _flattened(text, [Path(d) for d in dirs], set())
+    try:
+        done = subprocess.run(command, input=source, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout
+
+
+def check(texts: Iterable[str], preprocess: bool = True, dirs: Iterable[str | Path] = ()) -> None:
+    dirs = list(dirs)
     for text in texts:
         hit = INTO_PYTHON.search(native_source(text))
+        if hit is None and preprocess:
+            hit = INTO_PYTHON.search(native_source(expanded(text, dirs)))
         if hit:
             raise NativeSourceRefused(f"the extension's source reaches the Python interpreter (`{hit.group(0).strip()}`"
                                       "): kernels and their bindings have no use for it")
+
+
+def _include_dirs(name: Any, kwargs: dict[str, Any]) -> list[str]:
+    """Where a build's quoted includes are found: its build folder and the extra include paths it is given."""
+    folder = kwargs.get("build_directory") or (
+        os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], name)
+        if isinstance(name, str) and os.environ.get("TORCH_EXTENSIONS_DIR") else None)
+    extra = kwargs.get("extra_include_paths") or []
+    return [str(d) for d in [folder, *(extra if isinstance(extra, list | tuple) else [extra])] if d]
 
 
 def undefined_symbols(path: str | Path) -> list[str]:
@@ -106,12 +171,15 @@ def install() -> None:
 
     @functools.wraps(inline)
     def load_inline(name: Any, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
-        check([*_texts(cpp_sources), *_texts(cuda_sources), *_texts(kwargs.get("sycl_sources"))])
+        check([*_texts(cpp_sources), *_texts(cuda_sources), *_texts(kwargs.get("sycl_sources"))],
+              dirs=_include_dirs(name, kwargs))
         return inline(name, cpp_sources, cuda_sources, *args, **kwargs)
 
     @functools.wraps(files)
     def load(name: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
-        check(_files(sources))
+        paths = [sources] if isinstance(sources, str | Path) else sources if isinstance(sources, list | tuple) else []
+        check(_files(sources), dirs=[*{str(Path(p).parent) for p in paths if isinstance(p, str | Path)},
+                                     *_include_dirs(name, kwargs)])
         return files(name, sources, *args, **kwargs)
 
     library_import = getattr(cpp_extension, "_import_module_from_library", None)
