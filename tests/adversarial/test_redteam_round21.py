@@ -79,24 +79,16 @@ import sys
 import textwrap
 
 import pytest
+from runner_lie import GELU_KERNEL, HEADER, LIE, RANK, STRICT_TIMED, cost, reach, sound
 from test_judge_isolation import GELU, TIMED
 from test_static_checks import candidate
 
 from kb_gym import Evaluator
-from kb_gym.integrity import get_policy, static_findings
+from kb_gym.integrity import static_findings
 from kb_gym.worker import native_guard
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-STRICT = get_policy("strict")
-RANK = {"none": 0, "no_speed_credit": 1, "reject": 2}
 
-
-def cost(source: str) -> str:
-    """What ``strict`` makes the source's findings cost: ``reject``, ``no_speed_credit`` or ``none``."""
-    findings = static_findings(source)
-    if STRICT.rejections(findings):
-        return "reject"
-    return "no_speed_credit" if STRICT.speed_credit_denied(findings) else "none"
 
 
 # --------------------------------------------------------------------------------- 1-3: routes, static and run
@@ -136,17 +128,7 @@ ROUTES: dict[str, tuple[str, str, str]] = {
 
 @pytest.fixture(scope="module")
 def reached() -> dict[str, bool | str]:
-    """Which routes get what they aim at, each run in one fresh interpreter (the runner's is one too)."""
-    code = ["import builtins, importlib, json, sys", "import torch", "import torch.nn", "done = {}"]
-    for name, (prelude, probe, _) in ROUTES.items():
-        code.append(f"ns = {{'torch': torch, '__name__': 'candidate'}}\ntry:\n    exec({prelude!r}, ns)\n"
-                    f"    done[{name!r}] = bool(eval({probe!r}, {{**globals(), **ns}}))\n"
-                    f"except Exception as exc:\n    done[{name!r}] = repr(exc)")
-    code.append("print(json.dumps(done))")
-    out = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return reach(ROUTES, "{'torch': torch, '__name__': 'candidate'}")
 
 
 @pytest.mark.parametrize("name", list(ROUTES))
@@ -369,50 +351,7 @@ def test_honest_load_inline_sources_have_no_finding(name):
 
 # --------------------------------------------------------------------------------- 1, 4: end to end
 
-GELU_KERNEL = '''
-@triton.jit
-def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476)), mask=mask)
 
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        x = x.contiguous()
-        out = torch.empty_like(x)
-        n = x.numel()
-        gelu_kernel[(triton.cdiv(n, 16384),)](x, out, n, BLOCK=16384)
-        return out
-'''
-HEADER = "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n"
-
-# Round 4's lie (as in round 20), from a module table however it was reached.
-LIE = '''
-_runner = [m for m in list(_modules.values()) if "Runner" in vars(m) and "timed_call" in vars(m)][0]
-_real = _runner.timed_call
-
-
-def _eager(x):
-    return torch.nn.functional.gelu(x)
-
-
-def _one_microsecond(fn, inputs, device, flusher, *a, **k):
-    return _real(_eager, inputs, device, flusher, *a, **k)._replace(ms=1e-3, host_ms=1e-3)
-
-
-_runner.timed_call = _one_microsecond
-_reset = _runner.LaunchCounter.reset
-
-
-def _reset_to_one(self):
-    _reset(self)
-    self.count = 1
-
-
-_runner.LaunchCounter.reset = _reset_to_one
-'''
 PY_REACH = 'import torch._utils\n_modules = torch._utils._import_dotted_name("sys").modules\n'
 CPP = '''
 from torch.utils.cpp_extension import load_inline
@@ -430,7 +369,6 @@ _modules = sys.modules
 _ext = load_inline(name="round21_setup", cpp_sources=_CPP, functions=["setup"], verbose=False)
 _ext.setup()
 '''
-STRICT_TIMED = TIMED.replace(integrity="strict", load_timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -439,23 +377,19 @@ def ev():
         yield e
 
 
-def _sound(r) -> bool:
-    """Rejected, or no speed credit, or no speedup it did not earn (the honest kernel: 0.03x on the CPU)."""
-    return r.status == "rejected" or not r.speed_credit or (r.speedup or 0.0) < 2.0
-
 
 def test_a_strict_candidate_that_imports_through_a_torch_function_gets_no_speed_credit(ev):
     source = HEADER + PY_REACH + LIE + GELU_KERNEL
     for _ in range(3):
         r = ev.evaluate(GELU, source, config=STRICT_TIMED)
-        assert _sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
+        assert sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
 
 
 def test_python_run_by_pybind11_exec_gets_no_speed_credit(ev):
     source = HEADER + textwrap.dedent(CPP) + GELU_KERNEL
     for _ in range(3):
         r = ev.evaluate(GELU, source, config=STRICT_TIMED)
-        assert _sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
+        assert sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
 
 
 # Pasted together by the preprocessor, the name is in no string of the source: the runner reads the source as the

@@ -61,25 +61,16 @@ import sys
 import textwrap
 
 import pytest
+from runner_lie import GELU_KERNEL, HEADER, LIE, RANK, STRICT_TIMED, cost, sound
 from test_judge_isolation import GELU
-from test_redteam_round21 import GELU_KERNEL, HEADER, LIE, STRICT_TIMED
 from test_static_checks import candidate
 
 from kb_gym import Evaluator
-from kb_gym.integrity import get_policy, static_findings
+from kb_gym.integrity import static_findings
 from kb_gym.worker import native_guard
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-STRICT = get_policy("strict")
-RANK = {"none": 0, "no_speed_credit": 1, "reject": 2}
 
-
-def cost(source: str) -> str:
-    """What ``strict`` makes the source's findings cost: ``reject``, ``no_speed_credit`` or ``none``."""
-    findings = static_findings(source)
-    if STRICT.rejections(findings):
-        return "reject"
-    return "no_speed_credit" if STRICT.speed_credit_denied(findings) else "none"
 
 
 def _rev(code: str) -> str:
@@ -966,23 +957,19 @@ def ev():
         yield e
 
 
-def _sound(r) -> bool:
-    """Rejected, or no speed credit, or no speedup it did not earn (the honest kernel: 0.03x on the CPU)."""
-    return r.status == "rejected" or not r.speed_credit or (r.speedup or 0.0) < 2.0
-
 
 def test_a_strict_candidate_that_maps_eval_gets_no_speed_credit(ev):
     source = HEADER + PY_REACH + LIE + GELU_KERNEL
     for k in range(3):
         r = ev.evaluate(GELU, source + f"\n# run {k}\n", config=STRICT_TIMED)
-        assert _sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
+        assert sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
 
 
 def test_python_run_from_cpp_through_the_builtins_gets_no_speed_credit(ev):
     source = HEADER + textwrap.dedent(CPP_REACH) + GELU_KERNEL
     for k in range(3):
         r = ev.evaluate(GELU, source + f"\n# run {k}\n", config=STRICT_TIMED)
-        assert _sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
+        assert sound(r), (r.status, r.speedup, r.speed_credit, r.flags, r.error)
 
 
 def test_cpp_whose_names_are_pasted_by_its_own_macros_is_refused_in_the_runner_before_it_builds(ev):
