@@ -9,9 +9,10 @@ at, and each module, function or class met on the way is named as its home names
 function's or class's ``__module__`` and ``__qualname__``), for the same rules to judge.
 
 Only modules under the allowlist's roots are imported to resolve a name (a submodule the candidate names, or one
-its package loads lazily): library code, imported once per process. Attributes of anything but a module are read
-with ``inspect.getattr_static``, so no property or ``__getattr__`` runs. A name that cannot be resolved so is judged
-by its spelling alone, as before.
+its package loads lazily): library code, imported once per process, in the caller's process, so never an entry
+point, a tool or a test suite (``_NOT_IMPORTED``: those are read only where something loaded them already).
+Attributes of anything but a module are read with ``inspect.getattr_static``, so no property or ``__getattr__``
+runs. A name that cannot be resolved so is judged by its spelling alone, as before.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _PUBLIC_HOME = {"posix": "os", "nt": "os", "_operator": "operator", "_signal": "
                 "_io": "io", "_weakref": "weakref", "_ctypes": "ctypes", "_pickle": "pickle",
                 "_functools": "functools", "_collections": "collections", "_abc": "abc", "_warnings": "warnings"}
 _MISSING = object()
+# Submodules never imported here, only read where loaded already: the checker runs in the caller's (trusted) process,
+# and these are the parts of a library that act when imported (entry points, tools, test suites)
+_NOT_IMPORTED = frozenset({"__main__", "main", "cli", "run", "tests", "test", "tools", "bottleneck", "benchmarks",
+                           "setup", "conftest"})
 _NAMED = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
           types.WrapperDescriptorType, types.ClassMethodDescriptorType, type)
 
@@ -63,7 +68,8 @@ def _importable(module_name: str) -> Any:
     loaded = sys.modules.get(module_name)
     if loaded is not None:
         return loaded
-    if module_name.split(".")[0] not in ALLOWED_MODULES or "__main__" in module_name.split("."):
+    parts = module_name.split(".")
+    if parts[0] not in ALLOWED_MODULES or _NOT_IMPORTED & set(parts):
         return _MISSING
     try:
         return importlib.import_module(module_name)
