@@ -47,6 +47,7 @@ class _Analyzer:
         self.stores: dict[str, int] = {}  # how many times each name is bound
         self.values: dict[str, ast.expr] = {}  # the value of a name bound once by `name = value`
         self.classes: set[str] = set()  # names a `class` or `def` statement binds
+        self.loop_names: dict[str, list[str]] = {}  # `for name in ("fc1", "fc2")`: the constants a name takes
 
     # ----------------------------------------------------------------- reporting
 
@@ -107,11 +108,19 @@ class _Analyzer:
                 self.const_indexed.add(id(node.value))
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 self.docstrings.add(id(node.value))
+            elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+                  and node.simple):  # `Grid: TypeAlias = Tuple[int, int]`
+                self.values[node.target.id] = node.value
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 self.values[node.targets[0].id] = node.value
                 if isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
                     alias_candidates.append((node.targets[0].id, node.value))
         self.values = {k: v for k, v in self.values.items() if self.stores.get(k) == 1}
+        for node in self.nodes:  # a loop variable bound nowhere else, over a literal tuple or list of strings
+            if (isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+                    and self.stores.get(node.target.id) == 1 and isinstance(node.iter, (ast.Tuple, ast.List))
+                    and node.iter.elts and all(const_str(e) is not None for e in node.iter.elts)):
+                self.loop_names[node.target.id] = [e.value for e in node.iter.elts]
         local = self.bound - self.imported
         for name, target in DEFAULT_ALIASES.items():
             if name not in self.imported and name not in local:
@@ -147,6 +156,17 @@ class _Analyzer:
         """An attribute name given as a literal or as a string built from constant pieces."""
         name = const_str(node)
         return name if name is not None else self.fold(node)
+
+    def is_loop_name(self, node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Name) and node.id in self.loop_names
+
+    def attr_names(self, node: ast.AST | None) -> list[str] | None:
+        """The attribute names an argument can be: one as ``attr_name`` reads it, or each constant a loop variable
+        over a literal tuple takes (``for name in ("fc1", "fc2"): getattr(self, name)``); None where unknown."""
+        name = self.attr_name(node)
+        if name is not None:
+            return [name]
+        return self.loop_names.get(node.id) if isinstance(node, ast.Name) else None
 
     def qual(self, node: ast.AST | None, depth: int = 0) -> str | None:
         """Dotted name of a module-rooted expression (``F.relu`` -> ``torch.nn.functional.relu``), else None."""
@@ -267,7 +287,10 @@ class _Analyzer:
             if home is None or home == spelled:
                 continue
             root = home.split(".")[0]
-            flag = self.ref_flag(home) or (MODULE_FAMILIES.get(root) if root not in ALLOWED_MODULES else None)
+            # a home outside the allowlist costs what importing it would (round 23: `sympy.parse_expr` through
+            # torch's `torch.utils._sympy`, an eval)
+            flag = self.ref_flag(home) or (MODULE_FAMILIES.get(root, "unlisted_import")
+                                           if root not in ALLOWED_MODULES else None)
             if flag:
                 self.add(flag, line, f"{verb} `{name}`: `{spelled}` is `{home}`")
                 return

@@ -28,7 +28,8 @@ from kb_gym.integrity.paths import _StateChecks
 
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _NAMESPACE_CALLS = ("globals", "locals", "vars")
-_TYPE_FACTORIES = ("TypeVar", "NewType", "ParamSpec", "TypeVarTuple", "NamedTuple", "TypedDict", "namedtuple")
+_TYPE_FACTORIES = ("TypeVar", "NewType", "ParamSpec", "TypeVarTuple", "NamedTuple", "TypedDict", "namedtuple", "Enum",
+                   "IntEnum", "Flag", "IntFlag", "StrEnum")
 
 
 def _constant_names(node: ast.expr) -> list[str] | None:
@@ -42,10 +43,10 @@ def _constant_names(node: ast.expr) -> list[str] | None:
 
 
 def _type_like(node: ast.expr) -> bool:
-    """Whether a value reads as a type for an annotation: a name or dotted name, ``None``, a string (checked as code
-    where it is one), a subscript, union or tuple of those, or a typing factory (``TypeVar("T")``)."""
-    if isinstance(node, (ast.Name, ast.Attribute)) or (isinstance(node, ast.Constant) and (
-            node.value is None or isinstance(node.value, str))):
+    """Whether a value reads as a type for an annotation: a name or dotted name, a constant (``None``, ``...``, a
+    literal; a string is checked as code where it is one), a generic's subscript, a union, tuple or list of those, or a
+    typing or enum factory (``TypeVar("T")``, ``Enum("Act", [...])``). Not a string sliced or computed."""
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Constant)):
         return True
     if isinstance(node, ast.Subscript):  # a generic (`Optional[T]`), not a string sliced (`"..."[::-1]`)
         return isinstance(node.value, (ast.Name, ast.Attribute)) and _type_like(node.slice)
@@ -58,6 +59,8 @@ def _type_like(node: ast.expr) -> bool:
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         return name in _TYPE_FACTORIES
     return False
+
+
 CODE_STRING_CHARS = 20_000  # strings longer than this are not parsed as code (kernels' sources are C++)
 _CODE_DEPTH = [0]  # strings checked as code inside strings checked as code: two levels at most
 
@@ -175,7 +178,7 @@ class _SimpleChecks(_StateChecks):
             an.add("introspection", node.lineno, f"refers to `{text[:40]}`")
         elif "kb_gym" in text.lower():
             an.add("introspection", node.lineno, "refers to the evaluator (`kb_gym`) in a string")
-        elif hit := INTO_PYTHON.search(native_source(text)):
+        elif "{" in text and ";" in text and (hit := INTO_PYTHON.search(native_source(text))):  # C or C++ text
             an.add("introspection", node.lineno, f"reaches the Python interpreter from native code "
                    f"(`{hit.group(0).strip()}`)")
         elif len(text) < 200 and _DOTTED_NAME.fullmatch(text):
@@ -211,6 +214,10 @@ class _SimpleChecks(_StateChecks):
         ``register``, ``typing.get_type_hints``): one that names a value bound to anything but a type (a string built at
         run time) is text evaluated where the checks cannot read it (round 22)."""
         an = self.an
+        if node is not None and not _type_like(node):  # the annotation itself: `x: "..."[::-1]` (round 23)
+            an.add("dynamic_code", line, f"annotates with `{short(node, 40)}`, which is no type: whatever reads the "
+                   "annotations evaluates it")
+            return
         for sub in ast.walk(node) if node is not None else []:
             # a name bound nowhere here is a builtin's or an import's (or fails when evaluated)
             if not isinstance(sub, ast.Name) or sub.id not in an.stores or sub.id in an.imported:
@@ -377,30 +384,31 @@ class _SimpleChecks(_StateChecks):
         verb = "sets" if "set" in (q or func.attr) else "deletes"
         if len(args) < 2:
             return
-        name = an.attr_name(args[1])
-        if name is not None:
-            self.check_attr_name(name, line)
-        if name == "__code__":
-            an.add("introspection", line, f"{verb} `__code__` with {q or func.attr}")
-        elif name == "__class__":
-            an.add("tensor_subclass", line, f"{verb} `__class__` with {q or func.attr}")
+        names = an.attr_names(args[1]) or []
+        name = names[0] if len(names) == 1 else None
+        for one in names:
+            self.check_attr_name(one, line)
+            if one == "__code__":
+                an.add("introspection", line, f"{verb} `__code__` with {q or func.attr}")
+            elif one == "__class__":
+                an.add("tensor_subclass", line, f"{verb} `__class__` with {q or func.attr}")
         tq = an.qual(args[0])
         if tq:
             self.module_store(f"{tq}.{name}" if name else tq, line, f"{verb} (via setattr)")
-        elif const_str(args[1]) is None:
+        elif const_str(args[1]) is None and not an.is_loop_name(args[1]):
             an.add("dynamic_code", line, f"{verb} an attribute whose name is computed (`{short(node)}`)")
 
     def check_getattr(self, node: ast.Call, q: str) -> None:
         an = self.an
         line = node.lineno
         args = node.args
-        name = an.attr_name(args[1])
-        if name is not None:
+        names = an.attr_names(args[1])
+        base = an.qual(args[0]) if is_builtin(q, "getattr") else None  # hasattr reads no value
+        for name in names or []:
             self.check_attr_name(name, line)
-            inner = an.qual(node)
-            if inner:
-                an.check_module_name(inner, line, "uses")
-        if const_str(args[1]) is not None or not is_builtin(q, "getattr"):
+            if base:
+                an.check_module_name(f"{base}.{name}", line, "uses")
+        if const_str(args[1]) is not None or an.is_loop_name(args[1]) or not is_builtin(q, "getattr"):
             return
         tq = an.qual(args[0])
         if tq:

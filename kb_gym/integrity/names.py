@@ -20,13 +20,15 @@ ENV_ALLOW = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})
 INTO_PYTHON = _re.compile(
     r"\b\w+\s*::\s*(?:exec|eval|eval_file|globals|getattr|setattr|delattr|hasattr|reinterpret_borrow"
     r"|reinterpret_steal|import)\b"
-    r"|\bmodule_?\s*::\s*import\b|\.\s*attr\s*\(|\busing\s+namespace\s+pybind11\b"
+    # `.attr(...)` but a module constant's assignment (`m.attr("BLOCK") = 128;`)
+    r"|\bmodule_?\s*::\s*import\b|\.\s*attr\s*\((?!\s*\"(?!__)[A-Za-z_]\w*\"\s*\)\s*=(?!=))"
+    r"|\busing\s+namespace\s+pybind11\b"
     r"|\b_?Py(?:Run|Eval|Import|Sys|Frame|ThreadState|InterpreterState|Code|Function|Marshal|GC|Capsule_Import"
     r"|Object_(?:Generic)?[GS]etAttr|Object_Call|Module_GetDict|Dict_GetItem)\w*"
     r"|\b_Py\w+|\bPy_(?:CompileString|Initialize|Finalize|Exit|Main|RunMain|NewInterpreter|EndInterpreter"
     r"|BytesMain)\w*"
     r"|\bdl(?:sym|vsym|open|mopen|info)\b"
-    r"|^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", _re.MULTILINE)  # an include named by a macro: no check reads it
+    r"|^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]\w*[ \t]*$", _re.MULTILINE)  # an include named by a macro
 _COMMENTS = _re.compile(r"//[^\n]*|/\*.*?\*/", _re.DOTALL)
 
 
@@ -134,6 +136,12 @@ REF_RULES: tuple[tuple[str, str], ...] = (
     ("inspect.get_annotations", "dynamic_code"), ("importlib.import_module", "harness_patch"),
     ("typing_extensions.get_type_hints", "dynamic_code"), ("typing_extensions.get_annotations", "dynamic_code"),
     ("typing_extensions.evaluate_forward_ref", "dynamic_code"), ("typing_extensions.ForwardRef", "dynamic_code"),
+    # unpickling runs what the bytes name (round 23: a pickle built at run time calling builtins.eval), and a kernel
+    # loads no file: its answer comes from its inputs
+    ("torch.load", "dynamic_code"), ("torch.serialization.load", "dynamic_code"),
+    ("torch.serialization._load", "dynamic_code"),
+    ("torch.storage._load_from_bytes", "dynamic_code"), ("numpy.load", "dynamic_code"),
+    ("numpy.lib.npyio", "dynamic_code"), ("numpy.lib.format", "dynamic_code"), ("numpy.f2py", "introspection"),
 )
 # Builtins that evaluate text or read and write by a name: judged where they are called (checks.check_call), and
 # ``dynamic_code`` wherever they are used as a value instead (round 22: ``next(map(eval, [s]))``, ``functools.reduce(
@@ -176,6 +184,11 @@ ATTR_RULES: dict[str, str] = {
     "__torch_function__": "tensor_subclass", "__torch_dispatch__": "tensor_subclass",
     "_make_subclass": "tensor_subclass", "_make_wrapper_subclass": "tensor_subclass",
     "py_impl": "tensor_subclass",
+    # a Triton JIT function's captured scope: its module's globals, `builtins` and `inspect` among them (round 23)
+    "get_capture_scope": "introspection",
+    # modules that libraries keep as attributes of their objects, reached off a call's result (round 23:
+    # `tl.sigmoid.get_capture_scope()["core"].builtins.eval`); no kernel reads these names off anything
+    **dict.fromkeys(("builtins", "bltns", "_sys", "importlib"), "introspection"),
     # the dispatcher's modes, turned off or read: the dataflow trace (worker/dataflow.py) is one (round 15)
     **dict.fromkeys(("_DisableTorchDispatch", "_disable_current_modes", "_get_current_dispatch_mode",
                      "_get_current_dispatch_mode_stack", "_pop_mode", "_pop_mode_temporarily", "_push_mode",

@@ -29,7 +29,11 @@ from kb_gym.integrity.names import ALLOWED_MODULES
 # C modules whose functions are the public module's (``os.getpid.__module__`` is ``posix``)
 _PUBLIC_HOME = {"posix": "os", "nt": "os", "_operator": "operator", "_signal": "signal", "_socket": "socket",
                 "_io": "io", "_weakref": "weakref", "_ctypes": "ctypes", "_pickle": "pickle",
-                "_functools": "functools", "_collections": "collections", "_abc": "abc", "_warnings": "warnings"}
+                "_functools": "functools", "_collections": "collections", "_abc": "abc", "_warnings": "warnings",
+                "posixpath": "os.path", "ntpath": "os.path", "genericpath": "os.path",
+                "_collections_abc": "collections.abc", "_thread": "_thread",
+                "_bisect": "bisect", "_heapq": "heapq", "_random": "random", "_struct": "struct", "_string": "string",
+                "_weakrefset": "weakref", "_typing": "typing", "_contextvars": "contextvars", "_enum": "enum"}
 _MISSING = object()
 # Submodules never imported here, only read where loaded already: the checker runs in the caller's (trusted) process,
 # and these are the parts of a library that act when imported (entry points, tools, test suites)
@@ -48,7 +52,10 @@ def home_name(obj: Any) -> str | None:
         return None
     if isinstance(obj, types.ModuleType):
         name = getattr(obj, "__name__", None)
-        return name if isinstance(name, str) else None
+        if not isinstance(name, str):
+            return None
+        root, _, rest = name.partition(".")
+        return _PUBLIC_HOME.get(root, root) + (f".{rest}" if rest else "")
     module = getattr(obj, "__module__", None)
     if module is None and isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType,
                                            types.ClassMethodDescriptorType)):
