@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 
 from kb_gym.integrity.astutil import FUNCS, const_str, is_builtin, is_dunder, short
 from kb_gym.integrity.names import (
@@ -62,7 +63,8 @@ def _type_like(node: ast.expr) -> bool:
 
 
 CODE_STRING_CHARS = 20_000  # strings longer than this are not parsed as code (kernels' sources are C++)
-_CODE_DEPTH = [0]  # strings checked as code inside strings checked as code: two levels at most
+# strings checked as code within strings checked as code: two levels at most (per thread: callers' threads)
+_CODE_DEPTH = threading.local()
 
 
 class _SimpleChecks(_StateChecks):
@@ -234,7 +236,8 @@ class _SimpleChecks(_StateChecks):
         ``torch.fx``'s exec of a text). Only text that parses and does something (a call, an import, an attribute
         read): an error message or a kernel's C++ does not parse; a bare name or dotted name is read above."""
         text = node.value
-        if len(text) > CODE_STRING_CHARS or _CODE_DEPTH[0] >= 2 or not any(c in text for c in "(.\n;="):
+        depth = getattr(_CODE_DEPTH, "level", 0)
+        if len(text) > CODE_STRING_CHARS or depth >= 2 or not any(c in text for c in "(.\n;="):
             return
         try:
             tree = ast.parse(text)
@@ -244,11 +247,11 @@ class _SimpleChecks(_StateChecks):
             return
         from kb_gym.integrity.static import static_findings  # the checks over the text, one level down
 
-        _CODE_DEPTH[0] += 1
+        _CODE_DEPTH.level = depth + 1
         try:
             inner = static_findings(text)
         finally:
-            _CODE_DEPTH[0] -= 1
+            _CODE_DEPTH.level = depth
         for finding in inner:
             if finding.flag in ("introspection", "harness_patch", "dynamic_code", "concurrency", "io_escape",
                                 "tensor_subclass", "unlisted_import"):

@@ -4,15 +4,17 @@ it built.
 The static checks read the candidate's strings (integrity/checks.py, ``INTO_PYTHON``); a source composed at run time
 (pieces joined, a template filled) is seen only here, in the runner, where ``load_inline`` and ``load`` are called:
 a source that names ``py::exec``, an import, CPython's entry points or the dynamic linker is refused before the
-compiler runs (round 20). However it is spelled (a macro that pastes a name together, an ``__asm__`` label: round
-21), a library that calls one of them links it: before a built library is loaded, its undefined dynamic symbols are
-read from its ELF file, and one of ``DENIED_SYMBOLS`` refuses it. (An honest pybind11 extension links
-``PyObject_GetAttrString``, ``PyEval_GetBuiltins`` and ``PyFrame_GetBack`` for its own machinery, so those cannot be
-told from a candidate's use of them; none links ``PyRun_*``, ``PyImport_*``, ``Py_CompileString*``, ``PySys_*`` or
-``dlsym``.) Either is a ``compile_error`` that says why. Like every check in the runner, defence in depth: native
-code that is built can do anything in its process, which is why the runner holds nothing the verdict rests on.
+compiler runs (round 20), and so is one whose own macros paste such a name together, read as the preprocessor expands
+it with its own headers read in and the system headers left out (``expanded``; round 22). Whatever spelling is left
+(a macro of a system header that pastes, an ``__asm__`` label: round 21), a library that calls the interpreter's
+evaluation links it: before a built library is loaded, its undefined dynamic symbols are read from its ELF file, and
+one of ``DENIED_SYMBOLS`` refuses it. (An honest pybind11 extension links ``PyObject_GetAttrString``,
+``PyEval_GetBuiltins`` and ``PyFrame_GetBack`` for its own machinery, and ``pybind11/numpy.h`` links
+``PyImport_ImportModule``, so those cannot be told from a candidate's use of them at that level; none links
+``PyRun_*``, ``Py_CompileString*``, ``PySys_*`` or ``dlsym``.) Either is a ``compile_error`` that says why. Like every
+check in the runner, defence in depth: native code that is built can do anything in its process, which is why the
+runner holds nothing the verdict rests on.
 """
-
 from __future__ import annotations
 
 import functools

@@ -38,7 +38,9 @@ def widen_pipe(fd: int) -> None:
 def runner_env(device: str, scratch: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", TORCHINDUCTOR_COMPILE_THREADS="1",
-               HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"))
+               HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"),
+               # torch.load never unpickles code, whatever it is asked (round 23: a pickle that called eval)
+               TORCH_FORCE_WEIGHTS_ONLY_LOAD="1")
     if device == "cpu":
         # One intra-op thread on both sides of a CPU timing: two processes' OpenMP pools would otherwise
         # spin against each other on a few cores (a 10 us ReLU measured 2.7 ms in the runner).
