@@ -9,7 +9,7 @@ experiment only: a real runner's stamps could not be trusted). Per call the scri
 time, the sum of the probe's gaps inside the bracket, their count, and the worker's CUDA-event time with and without
 the probe running (what the probe costs the candidate's own clock).
 
-    python3 -P scripts/gpu_probe_clock.py            # on the device machine (scripts/gpu_check.sh probe)
+    python3 -P scripts/gpu_probe_clock.py            # on the device machine (scripts/gpu_check.sh clock)
 
 What would make the design work: gaps within a few microseconds of the bracketed time for 5 us-15 ms workloads, no
 gap where the worker is idle, and event times with the probe near those without it.
