@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from kb_gym.integrity.astutil import DEFS, const_int, const_str, fold_str, is_builtin
+from kb_gym.integrity.astutil import DEFS, const_int, const_str, const_strings, fold_str, is_builtin
 from kb_gym.integrity.findings import WHY, Finding
 from kb_gym.integrity.names import (
     ALLOWED_MODULES,
@@ -119,8 +119,8 @@ class _Analyzer:
         for node in self.nodes:  # a loop variable bound nowhere else, over a literal tuple or list of strings
             if (isinstance(node, ast.For) and isinstance(node.target, ast.Name)
                     and self.stores.get(node.target.id) == 1 and isinstance(node.iter, (ast.Tuple, ast.List))
-                    and node.iter.elts and all(const_str(e) is not None for e in node.iter.elts)):
-                self.loop_names[node.target.id] = [e.value for e in node.iter.elts]
+                    and (names := const_strings(node.iter))):
+                self.loop_names[node.target.id] = names
         local = self.bound - self.imported
         for name, target in DEFAULT_ALIASES.items():
             if name not in self.imported and name not in local:

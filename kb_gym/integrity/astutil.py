@@ -23,6 +23,16 @@ def const_str(node: ast.AST | None) -> str | None:
     return None
 
 
+def const_strings(node: ast.AST | None) -> list[str] | None:
+    """The strings of a literal list or tuple of them, or of ``"a.b".split(".")``; else None."""
+    if isinstance(node, (ast.List, ast.Tuple)) and all(const_str(e) is not None for e in node.elts):
+        return [e.value for e in node.elts]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "split"
+            and const_str(node.func.value) is not None and len(node.args) == 1 and const_str(node.args[0])):
+        return node.func.value.value.split(node.args[0].value)
+    return None
+
+
 def const_int(node: ast.AST | None) -> int | None:
     """An integer literal, negative ones (``-1``, a unary minus in the tree) included."""
     sign = 1

@@ -7,7 +7,7 @@ import ast
 import re
 import threading
 
-from kb_gym.integrity.astutil import FUNCS, const_str, is_builtin, is_dunder, short
+from kb_gym.integrity.astutil import FUNCS, const_str, const_strings, is_builtin, is_dunder, short
 from kb_gym.integrity.names import (
     ATTR_GETTERS,
     ATTR_RULES,
@@ -16,14 +16,13 @@ from kb_gym.integrity.names import (
     DUNDER_OK,
     ENV_ALLOW,
     EVALUATING_BUILTINS,
-    INTO_PYTHON,
     MODULE_ARG_OK,
     MUTATORS,
     OPEN_CALLS,
     PATH_CALLS,
     PRECISION_CALLS,
     TENSOR_BASES,
-    native_source,
+    into_python,
 )
 from kb_gym.integrity.paths import _StateChecks
 
@@ -31,16 +30,6 @@ _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _NAMESPACE_CALLS = ("globals", "locals", "vars")
 _TYPE_FACTORIES = ("TypeVar", "NewType", "ParamSpec", "TypeVarTuple", "NamedTuple", "TypedDict", "namedtuple", "Enum",
                    "IntEnum", "Flag", "IntFlag", "StrEnum")
-
-
-def _constant_names(node: ast.expr) -> list[str] | None:
-    """The names of a literal list or tuple of strings, or of ``"a.b".split(".")``; else None."""
-    if isinstance(node, (ast.List, ast.Tuple)) and all(const_str(e) is not None for e in node.elts):
-        return [e.value for e in node.elts]
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "split"
-            and const_str(node.func.value) is not None and len(node.args) == 1 and const_str(node.args[0])):
-        return node.func.value.value.split(node.args[0].value)
-    return None
 
 
 def _type_like(node: ast.expr) -> bool:
@@ -180,9 +169,8 @@ class _SimpleChecks(_StateChecks):
             an.add("introspection", node.lineno, f"refers to `{text[:40]}`")
         elif "kb_gym" in text.lower():
             an.add("introspection", node.lineno, "refers to the evaluator (`kb_gym`) in a string")
-        elif "{" in text and ";" in text and (hit := INTO_PYTHON.search(native_source(text))):  # C or C++ text
-            an.add("introspection", node.lineno, f"reaches the Python interpreter from native code "
-                   f"(`{hit.group(0).strip()}`)")
+        elif "{" in text and ";" in text and (hit := into_python(text)):  # C or C++ text
+            an.add("introspection", node.lineno, f"reaches the Python interpreter from native code (`{hit}`)")
         elif len(text) < 200 and _DOTTED_NAME.fullmatch(text):
             name = next((p for p in text.split(".") if p in DANGEROUS_NAMES), None)
             if name:
@@ -199,7 +187,7 @@ class _SimpleChecks(_StateChecks):
         parent = an.parents.get(id(node))
         if isinstance(parent, ast.Call) and parent.func is node:
             return
-        names = _constant_names(parent.args[1]) if (
+        names = const_strings(parent.args[1]) if (
             isinstance(parent, ast.Call) and an.qual(parent.func) == "functools.reduce" and node.id == "getattr"
             and len(parent.args) >= 2 and parent.args[0] is node) else None
         if names is not None:  # `functools.reduce(getattr, "block.0".split("."), self)`: a path of known names

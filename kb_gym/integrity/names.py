@@ -37,6 +37,13 @@ def native_source(text: str) -> str:
     by either reads whole there: round 21)."""
     return _COMMENTS.sub(" ", text.replace("\\\n", "").replace("\\\r\n", ""))
 
+
+def into_python(text: str) -> str | None:
+    """The first way into the interpreter ``INTO_PYTHON`` finds in C or C++ ``text`` (read as ``native_source``), or
+    None."""
+    hit = INTO_PYTHON.search(native_source(text))
+    return hit.group(0).strip() if hit else None
+
 BUILTIN_NAMES = frozenset(dir(_builtins))
 DEFAULT_ALIASES = {"F": "torch.nn.functional", "nn": "torch.nn", "np": "numpy", "tl": "triton.language"}
 KNOWN_MODULES = frozenset({

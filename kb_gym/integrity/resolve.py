@@ -26,12 +26,13 @@ from typing import Any
 
 from kb_gym.integrity.names import ALLOWED_MODULES
 
-# C modules whose functions are the public module's (``os.getpid.__module__`` is ``posix``)
+# Modules and C modules whose names are another's public one (``os.getpid.__module__`` is ``posix``, ``os.path`` is
+# ``posixpath``)
 _PUBLIC_HOME = {"posix": "os", "nt": "os", "_operator": "operator", "_signal": "signal", "_socket": "socket",
                 "_io": "io", "_weakref": "weakref", "_ctypes": "ctypes", "_pickle": "pickle",
                 "_functools": "functools", "_collections": "collections", "_abc": "abc", "_warnings": "warnings",
                 "posixpath": "os.path", "ntpath": "os.path", "genericpath": "os.path",
-                "_collections_abc": "collections.abc", "_thread": "_thread",
+                "_collections_abc": "collections.abc",
                 "_bisect": "bisect", "_heapq": "heapq", "_random": "random", "_struct": "struct", "_string": "string",
                 "_weakrefset": "weakref", "_typing": "typing", "_contextvars": "contextvars", "_enum": "enum"}
 _MISSING = object()
@@ -41,6 +42,11 @@ _NOT_IMPORTED = frozenset({"__main__", "main", "cli", "run", "tests", "test", "t
                            "setup", "conftest"})
 _NAMED = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
           types.WrapperDescriptorType, types.ClassMethodDescriptorType, type)
+
+
+def _public(module: str) -> str:
+    root, _, rest = module.partition(".")
+    return _PUBLIC_HOME.get(root, root) + (f".{rest}" if rest else "")
 
 
 def home_name(obj: Any) -> str | None:
@@ -54,8 +60,7 @@ def home_name(obj: Any) -> str | None:
         name = getattr(obj, "__name__", None)
         if not isinstance(name, str):
             return None
-        root, _, rest = name.partition(".")
-        return _PUBLIC_HOME.get(root, root) + (f".{rest}" if rest else "")
+        return _public(name)
     module = getattr(obj, "__module__", None)
     if module is None and isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType,
                                            types.ClassMethodDescriptorType)):
@@ -65,9 +70,7 @@ def home_name(obj: Any) -> str | None:
         qualname = getattr(obj, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         return None
-    root, _, rest = module.partition(".")
-    module = _PUBLIC_HOME.get(root, root) + (f".{rest}" if rest else "")
-    return f"{module}.{qualname}"
+    return f"{_public(module)}.{qualname}"
 
 
 def _importable(module_name: str) -> Any:

@@ -86,7 +86,8 @@ def plan(cuda_sources: Any) -> tuple[str, str | None]:
     return "as written", None
 
 
-def _build_directory(name: str, kwargs: dict[str, Any]) -> Path | None:
+def build_directory(name: str, kwargs: dict[str, Any]) -> Path | None:
+    """Where torch builds extension ``name`` (its ``build_directory``, else the runner's TORCH_EXTENSIONS_DIR/name)."""
     if kwargs.get("build_directory"):
         return Path(kwargs["build_directory"])
     root = os.environ.get("TORCH_EXTENSIONS_DIR")  # a runner's scratch/ext: torch builds in root/name
@@ -121,7 +122,7 @@ def install(record: list[str]) -> None:
     def load_inline(name: Any, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
         plain = not args and not kwargs.get("no_implicit_headers") and _joined(cpp_sources) is not None
         mode, source = plan(cuda_sources) if plain else ("as written", None)
-        folder = _build_directory(name, kwargs) if isinstance(name, str) else None
+        folder = build_directory(name, kwargs) if isinstance(name, str) else None
         if source is None or folder is None or (folder / FALLBACK_MARKER).exists():
             record.append("fallback" if source is not None and folder is not None else "as written")
             return original(name, cpp_sources, cuda_sources, *args, **kwargs)

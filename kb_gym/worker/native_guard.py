@@ -27,7 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kb_gym.integrity.names import INTO_PYTHON, native_source
+from kb_gym.integrity.names import into_python
+from kb_gym.worker import header_diet
 
 MAX_SOURCE_BYTES = 8 << 20  # a source file read to check it (kernels are kilobytes)
 MAX_LIBRARY_BYTES = 1 << 30  # a built library read for its symbols
@@ -43,17 +44,17 @@ class NativeSourceRefused(RuntimeError):
     pass
 
 
-def _texts(sources: Any) -> Iterable[str]:
-    if isinstance(sources, str):
-        yield sources
-    elif isinstance(sources, list | tuple):
-        for s in sources:
-            if isinstance(s, str):
-                yield s
+def _listed(value: Any) -> list[Any]:
+    """A source argument as torch takes it: one item, or a list or tuple of them."""
+    return list(value) if isinstance(value, list | tuple) else [value] if value is not None else []
 
 
-def _files(paths: Any) -> Iterable[str]:
-    for p in [paths] if isinstance(paths, str | Path) else paths if isinstance(paths, list | tuple) else []:
+def _texts(sources: Any) -> list[str]:
+    return [s for s in _listed(sources) if isinstance(s, str)]
+
+
+def _files(paths: list[Any]) -> Iterable[str]:
+    for p in paths:
         try:
             with open(p, "rb") as f:
                 yield f.read(MAX_SOURCE_BYTES).decode("utf-8", "replace")
@@ -81,8 +82,7 @@ def _flattened(text: str, dirs: list[Path], seen: set[str]) -> str:
         path = Path(name)
         if bracket == "<" and not path.is_absolute():
             return ""  # a system header: its macros are not the candidate's (stand-ins above)
-        for folder in ([] if path.is_absolute() else dirs) + ([path] if path.is_absolute() else []):
-            found = path if path.is_absolute() else folder / path
+        for found in [path] if path.is_absolute() else [folder / path for folder in dirs]:
             key = str(found.resolve()) if found.is_file() else ""
             if key and key not in seen and len(seen) < MAX_INCLUDES:
                 seen.add(key)
@@ -113,21 +113,16 @@ def expanded(text: str, dirs: Iterable[str | Path] = ()) -> str:
 def check(texts: Iterable[str], preprocess: bool = True, dirs: Iterable[str | Path] = ()) -> None:
     dirs = list(dirs)
     for text in texts:
-        hit = INTO_PYTHON.search(native_source(text))
-        if hit is None and preprocess:
-            hit = INTO_PYTHON.search(native_source(expanded(text, dirs)))
+        hit = into_python(text) or (into_python(expanded(text, dirs)) if preprocess else None)
         if hit:
-            raise NativeSourceRefused(f"the extension's source reaches the Python interpreter (`{hit.group(0).strip()}`"
-                                      "): kernels and their bindings have no use for it")
+            raise NativeSourceRefused(f"the extension's source reaches the Python interpreter (`{hit}`): kernels and "
+                                      "their bindings have no use for it")
 
 
 def _include_dirs(name: Any, kwargs: dict[str, Any]) -> list[str]:
     """Where a build's quoted includes are found: its build folder and the extra include paths it is given."""
-    folder = kwargs.get("build_directory") or (
-        os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], name)
-        if isinstance(name, str) and os.environ.get("TORCH_EXTENSIONS_DIR") else None)
-    extra = kwargs.get("extra_include_paths") or []
-    return [str(d) for d in [folder, *(extra if isinstance(extra, list | tuple) else [extra])] if d]
+    folder = header_diet.build_directory(name, kwargs) if isinstance(name, str) else None
+    return [str(d) for d in [folder, *_listed(kwargs.get("extra_include_paths"))] if d]
 
 
 def undefined_symbols(path: str | Path) -> list[str]:
@@ -179,9 +174,8 @@ def install() -> None:
 
     @functools.wraps(files)
     def load(name: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
-        paths = [sources] if isinstance(sources, str | Path) else sources if isinstance(sources, list | tuple) else []
-        check(_files(sources), dirs=[*{str(Path(p).parent) for p in paths if isinstance(p, str | Path)},
-                                     *_include_dirs(name, kwargs)])
+        paths = [p for p in _listed(sources) if isinstance(p, str | Path)]
+        check(_files(paths), dirs=[*{str(Path(p).parent) for p in paths}, *_include_dirs(name, kwargs)])
         return files(name, sources, *args, **kwargs)
 
     library_import = getattr(cpp_extension, "_import_module_from_library", None)

@@ -67,6 +67,7 @@ from test_static_checks import candidate
 
 from kb_gym import Evaluator
 from kb_gym.integrity import static_findings
+from kb_gym.integrity.names import into_python
 from kb_gym.worker import native_guard
 
 DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
@@ -976,6 +977,6 @@ def test_cpp_whose_names_are_pasted_by_its_own_macros_is_refused_in_the_runner_b
     """With the static checks off, only the runner stands: it reads the source as the preprocessor expands it."""
     source = HEADER + textwrap.dedent(CPP_REACH.replace("PyObject_CallFunction(", "J2(PyObj, ect_CallFunction)(")
                                       .replace("PyDict_New()", "J2(PyDi, ct_New)()")) + GELU_KERNEL
-    assert not native_guard.INTO_PYTHON.search(native_guard.native_source(source))
+    assert not into_python(source)
     r = ev.evaluate(GELU, source, config=STRICT_TIMED.replace(integrity="off"))
     assert r.status == "compile_error" and "reaches the Python interpreter" in (r.error or ""), (r.status, r.error)
