@@ -50,6 +50,9 @@ class EvalConfig:
     # candidate's runner reported (worker/burst.py). Off by default until measured on a GPU: on a 2-core CPU it
     # catches a false 1 us claim for a 0.06 ms forward in about half the tries (docs/integrity.md, Open).
     burst_check: bool = False
+    # On a GPU, after the timing loop, a claim under a time slice (2 ms) is held to the runner's GPU time as a pristine
+    # probe process sees it: the GPU's time slices between contexts (worker/probe_check.py; docs/integrity.md).
+    probe_check: bool = True
     # After the knockout's kin, two untimed forwards traced op by op ask whether PyTorch computed the whole answer
     # while the candidate's kernels only moved it or fed it constants (worker/dataflow.py): token_kernel then.
     dataflow_check: bool = True

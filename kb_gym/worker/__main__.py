@@ -83,6 +83,8 @@ def main() -> None:
             break  # the evaluator starts a fresh worker
     if ctx.pool is not None:
         ctx.pool.close()
+    if ctx.probe is not None:
+        ctx.probe.close()
     os._exit(0)
 
 

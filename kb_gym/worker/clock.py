@@ -87,3 +87,25 @@ def timed_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
         out = fn(*inputs)
         host = (_perf_counter() - t0) * 1e3
         return TimedCall(out, host, host)
+
+
+def probe_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
+               shield: bool) -> tuple[TimedCall, float]:
+    """A timed call of the probe clock's pass (probe_check.py), and the launch shield's own device time. No cache
+    flush: in the candidate's runner its GPU time would be the runner's to skip, and what the probe sees must hold
+    nothing the candidate could leave out. The shield only where the judge asks for it (a pristine spare, whose
+    per-call harness time is measured with its forward's events and the shield's taken out): a forward queued
+    behind it runs back to back, so its events are the GPU time the probe sees of it."""
+    with torch.no_grad():
+        torch.cuda.synchronize(device)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        marks[0].record()
+        if shield:
+            torch.cuda._sleep(LAUNCH_SHIELD_CYCLES)
+        marks[1].record()
+        t0 = _perf_counter()
+        out = fn(*inputs)
+        host = (_perf_counter() - t0) * 1e3
+        marks[2].record()
+        torch.cuda.synchronize(device)
+        return TimedCall(out, marks[1].elapsed_time(marks[2]), host), marks[0].elapsed_time(marks[1])

@@ -36,6 +36,7 @@ from kb_gym.worker.judge_timing import (
 )
 from kb_gym.worker.kernel_checks import dataflow_check, knockout_check
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.protocol import encode
 from kb_gym.worker.runner_pool import RunnerPool
 from kb_gym.worker.timing import Calibration
@@ -71,6 +72,7 @@ class WorkerContext:
         self.measured_calibrations: list[dict[str, Any]] = []  # since the last result was sent (adopt_calibration)
         if self.pool is not None:
             self.pool.prestart()
+        self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
 
     def seed(self, job_seed: int, purpose: str, k: int = 0) -> int:
         digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()
@@ -95,6 +97,17 @@ class WorkerContext:
         moved = sum(t.numel() * t.element_size() for t in tensors)
         seconds = max(moved / self.peak_bytes_per_s, (flops or 0) / self.peak_flops)
         return SOL_MARGIN * seconds * 1e3
+
+
+def start_probe(device: torch.device, scratch_root: Path) -> ProbeClock | None:
+    """The judge's probe process (probe_clock.py), started now so that it is ready by the first timing stage; on a
+    GPU only, and not where KB_GYM_PROBE_CLOCK=0."""
+    if device.type != "cuda" or os.environ.get("KB_GYM_PROBE_CLOCK", "1") == "0":
+        return None
+    try:
+        return ProbeClock(str(device), scratch_root / "probe.log")
+    except OSError:
+        return None
 
 
 # Dense tensor-core peaks (FLOP/s) by compute capability: the fastest arithmetic any kernel could

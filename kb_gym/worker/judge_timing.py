@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kb_gym.worker import burst
+from kb_gym.worker import burst, probe_check
 from kb_gym.worker.inputs import make_inputs
 from kb_gym.worker.loading import StageError, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerProcess
@@ -179,6 +179,13 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                           if widen else check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
                           call_timeout)
+        if runner is not None and cfg.get("probe_check", True):
+            spare = probe_check.spare_source(ctx, job, lambda: deadline - time.monotonic(), prepare_spare)
+            probe_check.confirm(
+                ctx.probe, runner, spare, timing,
+                lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
+                check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
+                                    "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
@@ -296,6 +303,8 @@ def timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: 
         flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
         if charged.get("counted") and flag not in result["flags"]:
             result["flags"].append(flag)
+        if (envelope.get("probe") or {}).get("counted") and "side_stream" not in result["flags"]:
+            result["flags"].append("side_stream")
     if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.unlaunched:
         result["flags"].append("fallback")  # its own kernels in the trials, none in a timed call
     floor = state.get("floor_ms")

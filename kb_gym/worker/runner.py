@@ -34,7 +34,7 @@ import torch
 
 from kb_gym.worker import capabilities, device_digest, device_payload, header_diet, native_guard, pch
 from kb_gym.worker.build_cache import may_build
-from kb_gym.worker.clock import CacheFlusher, timed_call
+from kb_gym.worker.clock import CacheFlusher, probe_call, timed_call
 from kb_gym.worker.dataflow import DataflowTrace
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_model, make_inputs
 from kb_gym.worker.landlock import restrict_writes
@@ -236,7 +236,11 @@ class Runner:
         reported time and inside the judge's envelope (CPU: the honest excess of a Triton ReLU 1.9-3.1 ms
         against the 2 ms floor, flagged side_stream; 1.4-1.95 ms without it)."""
         try:
-            if timed:
+            shield_ms = None
+            if timed and msg.get("probe") and self.device.type == "cuda":
+                (out, event_ms, host_ms), shield_ms = probe_call(model, inputs, self.device,
+                                                                 shield=msg.get("target") == "reference")
+            elif timed:
                 out, event_ms, host_ms = timed_call(model, inputs, self.device, self.flusher)
             else:
                 with torch.no_grad():
@@ -269,7 +273,7 @@ class Runner:
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
         done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "outputs": meta,
                 "commitment": digest, "launches": launches, "backends": backends,
-                "mutated": mutated, "numerics_changed": _numerics() != self.numerics}
+                "mutated": mutated, "numerics_changed": _numerics() != self.numerics, "shield_ms": shield_ms}
         if self.dataflow_report is not None:
             done["dataflow"] = self.dataflow_report
         if hashes is not None:  # the judge picks the chunks it wants now that their hashes are fixed

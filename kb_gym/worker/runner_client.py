@@ -313,21 +313,27 @@ class RunnerProcess:
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
              check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0,
-             knockout: bool = False, dataflow: dict[str, Any] | None = None) -> CallReply:
+             knockout: bool = False, dataflow: dict[str, Any] | None = None,
+             marks: Callable[[], int | None] | None = None) -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
         ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py). ``knockout``:
         the candidate's own kernels do nothing in this forward (launches.py); ``dataflow`` (phase, atol, rtol): the
-        forward is traced (dataflow.py) and the reply carries the runner's report."""
+        forward is traced (dataflow.py) and the reply carries the runner's report. ``marks``: a timed call of the
+        probe clock's pass (probe_check.py): the runner neither flushes nor (but for the reference) shields, and
+        ``marks()`` is read right before the seed is sent and right when "done" arrives (``CallReply.window``)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
+        before = marks() if marks is not None else None
         t0 = time.perf_counter()
-        self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen,
+        self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen, "probe": marks is not None,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce, "knockout": knockout,
                     "dataflow": dataflow, "chunk_bytes": chunk_bytes if timed else 0,
                     "digest": "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
+        after = marks() if marks is not None else None  # never raises: None where the probe failed
+        window = (before, after) if before is not None and after is not None else None
         if msg.get("type") == "error":
             status = str(msg.get("status", "runtime_error"))
             raise StageError(status if status in ("runtime_error", "incorrect", "compile_error") else "runtime_error",
@@ -338,7 +344,7 @@ class RunnerProcess:
             launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
-                return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout))
+                return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout), window)
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
@@ -355,7 +361,7 @@ class RunnerProcess:
             raise self._died(str(exc)) from None
         del data, into
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
-        return self._reply(msg, envelope, outputs)
+        return self._reply(msg, envelope, outputs, window)
 
     def burst(self, seeds: list[int], *, timeout: float, target: str = "candidate") -> BurstReply:
         """Forwards back to back, one per seed (runner.Runner._burst), under the judge's clock; the outputs stay
@@ -415,14 +421,15 @@ class RunnerProcess:
         return outputs
 
     @staticmethod
-    def _reply(msg: dict[str, Any], envelope: float, outputs: Any) -> CallReply:
+    def _reply(msg: dict[str, Any], envelope: float, outputs: Any, window: tuple[int, int] | None = None) -> CallReply:
         return CallReply(outputs=outputs, event_ms=finite_ms(msg.get("event_ms")),
                          host_ms=finite_ms(msg.get("host_ms")), envelope_ms=envelope,
                          launches=launch_count(msg.get("launches")),
                          backends=[b for b in msg.get("backends") if b in BACKENDS] if isinstance(
                              msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")),
-                         dataflow=dataflow_report(msg.get("dataflow")))
+                         dataflow=dataflow_report(msg.get("dataflow")), window=window,
+                         shield_ms=finite_ms(msg.get("shield_ms")))
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
         """After "done": draw chunks, ask for them, check each against the hash "done" carried."""

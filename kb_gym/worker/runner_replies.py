@@ -26,6 +26,8 @@ class CallReply:
     mutated: bool = False
     numerics_changed: bool = False
     dataflow: dict[str, Any] | None = None  # a traced call's report (dataflow.py), as the runner says
+    window: tuple[int, int] | None = None  # the probe clock's marks around the call (probe_check.py): the judge's own
+    shield_ms: float | None = None  # a probe pass's launch shield, as the runner says: believed from a spare only
 
 
 @dataclass

@@ -89,6 +89,8 @@ class PairedTiming:
     second_calibration: bool = False
     retimed: bool = False
     burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
+    probe: Any = None  # probe_check.ProbeReading: the runner's GPU time as a pristine probe saw it (probe_check.py)
+    probe_note: str = ""  # why no probe pass ran where one should have
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -114,8 +116,9 @@ class PairedTiming:
 
     def charged_ms(self) -> list[float]:
         """The candidate's time per timed call: its events, plus the envelope's excess where that was counted,
-        plus the burst's charge where the burst showed its forwards cost more than it claimed."""
+        plus the burst's and the probe's charges where they showed its forwards cost more than it claimed."""
         extra = (self.excess_ms() if self.hidden_work() else 0.0) + (self.burst.charged_ms if self.burst else 0.0)
+        extra += self.probe.charged_ms if self.probe else 0.0
         return [c + extra for c in self.cand.event_ms]
 
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
@@ -145,7 +148,9 @@ class PairedTiming:
                              "calibration_age_s": (time.monotonic() - self.calibration.measured_at
                                                    if self.calibration else None),
                              "second_calibration": self.second_calibration, "retimed": self.retimed,
-                             "burst": self.burst.to_dict() if self.burst else None})
+                             "burst": self.burst.to_dict() if self.burst else None,
+                             "probe": (self.probe.to_dict() if self.probe
+                                       else {"skipped": self.probe_note} if self.probe_note else None)})
         return out
 
 

@@ -1,0 +1,254 @@
+"""The probe check's judgement (kb_gym/worker/probe_check.py) with a simulated probe and runners: a GPU is needed
+only for the probe's kernels (tests/gpu/test_gpu_probe_check.py). Here the device is a timeline: each call a runner
+makes adds its GPU time to the clock and a gap to the probe's record, as the H200 showed (one gap per burst of
+back-to-back work, 2 us of switch each)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from kb_gym.worker import probe_check
+from kb_gym.worker.probe_check import ProbeReading, busy_in, read_probe
+from kb_gym.worker.probe_clock import ProbeClock, ProbeError
+from kb_gym.worker.runner_replies import CallReply
+from kb_gym.worker.timing import Calibration, PairedTiming, Side
+
+SWITCH_NS = 2_000
+
+
+class Device:
+    """The GPU as the probe sees it: a clock in nanoseconds and the gaps other contexts left in its readings."""
+
+    def __init__(self) -> None:
+        self.now = 10**9
+        self.gaps: list[tuple[int, int]] = []
+        self.spinning = False
+        self.queued_ms = 0.0  # work a stopped runner left queued: it runs once the probe has read the clock
+
+    def busy(self, ms_pieces: list[float], idle_ns: int = 5_000) -> None:
+        """Another context runs these pieces of work, the host leaving ``idle_ns`` between them."""
+        for ms in ms_pieces:
+            self.now += idle_ns
+            start = self.now
+            self.now += int(ms * 1e6) + SWITCH_NS
+            if self.spinning:
+                self.gaps.append((start, self.now))
+
+
+class FakeProbe:
+    def __init__(self, device: Device) -> None:
+        self.device, self.note, self.running = device, "", False
+        self.passes = 0
+
+    usable = True
+
+    def wait_ready(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def mark(self) -> int:
+        self.device.now += 30_000  # a round trip to the probe process
+        now = self.device.now
+        if self.device.queued_ms:
+            self.device.busy([self.device.queued_ms], idle_ns=0)
+            self.device.queued_ms = 0.0
+        return now
+
+    def start(self) -> None:
+        self.device.spinning, self.device.gaps = True, []
+        self.passes += 1
+
+    def stop(self) -> list[tuple[int, int]]:
+        self.device.spinning = False
+        return list(self.device.gaps)
+
+    @contextlib.contextmanager
+    def spinning(self):
+        self.start()
+        try:
+            yield self
+        finally:
+            if self.device.spinning:
+                self.stop()
+
+
+class FakeRunner:
+    """A runner whose probe calls take ``harness`` ms of GPU work around a forward of ``forward`` ms (in ``pieces``
+    kernels reaching the GPU one by one, or behind a 1 ms shield for the reference), reporting ``claim`` ms."""
+
+    def __init__(self, device: Device, forward: float, claim: float | None = None, pieces: int = 1,
+                 harness: float = 0.05, queued_ms: float = 0.0, wrong: bool = False) -> None:
+        self.device, self.forward, self.claim, self.pieces = device, forward, claim, pieces
+        self.harness, self.queued_ms, self.wrong = harness, queued_ms, wrong
+        self.frozen_count = 0
+
+    @contextlib.contextmanager
+    def frozen(self):
+        self.frozen_count += 1
+        self.device.queued_ms = self.queued_ms  # work it queued before it stopped runs on
+        yield True
+
+    def call(self, seed: int, *, timeout: float, timed: bool, target: str, marks, byte_limit: int = 0,
+             chunk_bytes: int = 0, widen: bool = False) -> CallReply:
+        before = marks()
+        shield = 1.0 if target == "reference" else None
+        self.device.busy([self.harness / 2])  # inputs built
+        if shield:
+            self.device.busy([shield + self.forward], idle_ns=0)
+        else:
+            self.device.busy([self.forward / self.pieces] * self.pieces)
+        self.device.busy([self.harness / 2])  # outputs hashed
+        after = marks()
+        out = torch.full((4,), float(seed % 1000) + (1.0 if self.wrong else 0.0))
+        return CallReply(outputs=out, event_ms=self.forward if self.claim is None else self.claim,
+                         window=(before, after), shield_ms=shield)
+
+
+def timing_claiming(ms: float) -> PairedTiming:
+    cand = Side(event_ms=[ms] * 10, envelope_ms=[ms + 3.0] * 10)
+    return PairedTiming(Side(event_ms=[1.0] * 10), cand, 10, 0.1, Calibration(3.0, 0.05), "cuda")
+
+
+def judge(probe, runner, spare, timing, device: torch.device | None = None) -> PairedTiming:
+    device = device or torch.device("cuda")
+    probe_check.confirm(probe, runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
+                        lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
+                        device, {}, lambda: 60.0)
+    return timing
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_sync(monkeypatch):
+    monkeypatch.setattr(probe_check.torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(probe_check, "QUIET_WAIT_S", 0.0)
+
+
+def test_busy_in_clips_gaps_to_the_window():
+    gaps = [(0, 10), (20, 30), (40, 60)]
+    assert busy_in(gaps, 5, 45) == ((5 + 10 + 5) / 1e6, 3)
+    assert busy_in(gaps, 11, 19) == (0.0, 0)
+
+
+def test_an_honest_claim_is_not_charged():
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2))
+    assert t.probe is not None and not t.probe.counted, t.probe
+    assert abs(t.probe.forward_ms - 0.2) < 0.01, t.probe
+    assert t.summary()["runtime_ms"] == pytest.approx(0.2)
+
+
+def test_a_false_claim_is_charged_what_the_probe_saw():
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe.counted and t.probe.passes == 2, t.probe  # a second pass confirms the charge
+    assert t.summary()["runtime_ms"] == pytest.approx(0.2, abs=0.01)
+    assert t.summary()["envelope"]["probe"]["counted"]
+
+
+def test_kernels_that_reach_the_gpu_one_by_one_are_not_charged_their_switches():
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.1, pieces=12), FakeRunner(dev, 0.5), timing_claiming(0.1))
+    assert not t.probe.counted, t.probe
+
+
+def test_a_liar_cannot_buy_allowance_by_fragmenting_its_work():
+    # Each extra piece costs a real switch and earns one allowance: the false claim still shows in full.
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.1, claim=0.02, pieces=40), FakeRunner(dev, 0.5), timing_claiming(0.02))
+    assert t.probe.counted and t.probe.charged_ms == pytest.approx(0.08, abs=0.01), t.probe
+
+
+def test_work_queued_before_the_freeze_voids_the_pass_and_costs_the_credit():
+    # A runner that leaves GPU work queued whenever it is stopped would swell the spare's harness share.
+    dev = Device()
+    liar = FakeRunner(dev, 0.2, claim=0.001, queued_ms=5.0)
+    t = judge(FakeProbe(dev), liar, FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe.counted and t.probe.restless > 1.0, t.probe
+    assert liar.frozen_count >= probe_check.QUIET_TRIES
+
+
+def test_a_wrong_output_in_a_probe_call_is_a_mismatch():
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, wrong=True), FakeRunner(dev, 0.5), timing_claiming(0.2))
+    assert t.mismatch and "probe call 1" in t.mismatch and t.probe is None
+
+
+def test_long_claims_and_the_cpu_are_left_to_the_envelope():
+    dev = Device()
+    probe = FakeProbe(dev)
+    judge(probe, FakeRunner(dev, 3.0), FakeRunner(dev, 0.5), timing_claiming(probe_check.MAX_CLAIM_MS + 1))
+    judge(probe, FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), device=torch.device("cpu"))
+    assert probe.passes == 0
+
+
+def test_a_blind_probe_is_turned_off_and_says_so():
+    dev = Device()
+    probe = FakeProbe(dev)
+    probe.stop = lambda: []  # sees nothing of any context: MPS, or a driver running contexts at once
+    t = judge(probe, FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe is None and "did not see a pristine forward" in t.probe_note
+    assert t.summary()["envelope"]["probe"] == {"skipped": t.probe_note}
+
+
+def test_no_probe_is_reported_not_charged():
+    dev = Device()
+    t = judge(None, FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe is None and t.probe_note == "no probe on this judge"
+
+
+def test_the_reading_weighs_the_spares_spread():
+    calm = read_probe(0.1, [(0.15, 3)] * 8, [0.05] * 5, [3] * 5)
+    noisy = read_probe(0.1, [(0.15, 3)] * 8, [0.03, 0.05, 0.07, 0.05, 0.09], [3] * 5)
+    assert not calm.counted and calm.tolerance_ms == pytest.approx(probe_check.FLOOR_MS)
+    assert noisy.tolerance_ms == pytest.approx(3 * 0.02)
+    assert isinstance(calm, ProbeReading) and calm.to_dict()["counted"] is False
+
+
+def test_a_probe_that_cannot_start_says_why(tmp_path):
+    # On a machine without a GPU the probe process fails at its first CUDA call: the judge learns why, at once.
+    probe = ProbeClock("cpu", tmp_path / "probe.log")
+    try:
+        assert not probe.wait_ready(timeout=120)
+        assert probe.note and not probe.usable
+        with pytest.raises(ProbeError):
+            probe.mark()
+    finally:
+        probe.close()
+
+
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.randn(64, 64)]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_runner_takes_the_judges_marks_around_a_probe_call(tmp_path):
+    # The real runner protocol on the CPU: the marks are read right before the seed goes out and right when "done"
+    # comes back, and a probe call is still a timed call with its outputs (no shield on the CPU: none is reported).
+    from kb_gym.worker.runner_pool import RunnerPool
+
+    pool = RunnerPool("cpu", tmp_path)
+    try:
+        runner = pool.pristine(timeout=120)
+        assert runner is not None
+        runner.prepare(PROBLEM, 0, "fp32", False, timeout=120, reference_model=True)
+        ticks = iter(range(100, 200))
+        reply = runner.call(7, timeout=60, byte_limit=1 << 30, timed=True, target="reference",
+                            marks=lambda: next(ticks))
+        assert reply.window == (100, 101)
+        assert reply.shield_ms is None and reply.event_ms is not None
+        assert tuple(reply.outputs.shape) == (64, 64) and bool((reply.outputs >= 0).all())
+        plain = runner.call(8, timeout=60, byte_limit=1 << 30, timed=True, target="reference")
+        assert plain.window is None
+    finally:
+        pool.close()
