@@ -203,6 +203,18 @@ def kernelbench_way(problem: Problem, source: str, device: str, trials: int, rep
     return row
 
 
+def _probe_note(r: Any) -> str:
+    """The probe check's reading in a progress line: forward / claim (ms), gaps, charged."""
+    probe = ((r.correctness or {}).get("envelope") or {}).get("probe")
+    if not probe:
+        return ""
+    if "skipped" in probe:
+        return f" probe skipped ({probe['skipped'][:80]})"
+    return (f" probe {probe['forward_ms']:.4f}/{probe['claimed_ms']:.4f} ms gaps {probe['gaps']:.0f}"
+            f"/{probe['spare_gaps']:.0f} tol {probe['tolerance_ms']:.4f}"
+            + (f" CHARGED {probe['charged_ms']:.4f} restless {probe['restless_ms']:.3f}" if probe["counted"] else ""))
+
+
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,
               out: str | None = None, backend: str = "local", workers_per_device: int = 1,
               part: tuple[int, int] | None = None, warm_builds: bool = False) -> dict[str, Any]:
@@ -238,7 +250,7 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
             stages = " ".join(f"{k} {v:.2f}" for k, v in r.stage_seconds.items() if k != "total")
             print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
                   f"{r.speedup} stages: {stages} shm {r.worker.get('shm_payloads')} "
-                  f"pinned {r.worker.get('payload_pinned')}"
+                  f"pinned {r.worker.get('payload_pinned')}{_probe_note(r)}"
                   + (f" flags {r.flags} error {(r.error or '')[:400]!r}" if surprise else ""), flush=True)
         results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
@@ -290,7 +302,8 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "worker_pid": r.worker.get("pid"), "runner_startup": r.worker.get("runner_startup_phases") or {},
             # where the correctness stage and the outputs' crossings went (correctness.run_trials, runner_client)
             "correctness_seconds": (r.correctness or {}).get("seconds") or {},
-            "payload_seconds": r.worker.get("payload_seconds") or {}}
+            "payload_seconds": r.worker.get("payload_seconds") or {}, "flags": list(r.flags),
+            "probe": ((r.correctness or {}).get("envelope") or {}).get("probe")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

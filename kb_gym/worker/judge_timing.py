@@ -181,11 +181,13 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                           call_timeout)
         if runner is not None and cfg.get("probe_check", True):
             spare = probe_check.spare_source(ctx, job, lambda: deadline - time.monotonic(), prepare_spare)
+            began = time.perf_counter()
             probe_check.confirm(
                 ctx.probe, runner, spare, timing,
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
                 check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
                                     "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout)
+            result["stage_seconds"]["probe_check"] = time.perf_counter() - began
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
