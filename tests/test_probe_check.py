@@ -252,3 +252,16 @@ def test_a_runner_takes_the_judges_marks_around_a_probe_call(tmp_path):
         assert plain.window is None
     finally:
         pool.close()
+
+
+def test_a_runner_sees_only_its_judges_gpu(monkeypatch):
+    # On a host of several GPUs a runner that saw them all could run its forward where the probe does not look.
+    from kb_gym.worker import runner, runner_start
+    from kb_gym.worker.process import ENV_GPU
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert runner_start.own_gpu("cuda:1") == "5" and runner_start.own_gpu("cpu") == ""
+    monkeypatch.setenv(ENV_GPU, "5")
+    assert runner.narrow_to_one_gpu("cuda:1") == "cuda:0"
+    assert runner.os.environ["CUDA_VISIBLE_DEVICES"] == "5" and ENV_GPU not in runner.os.environ
+    assert runner.narrow_to_one_gpu("cpu") == "cpu"

@@ -60,6 +60,7 @@ def bind_scratch(scratch: str, mount_point: str | None) -> str:
 
 
 ENV_HOST_IPC = "KB_GYM_HOST_IPC_NS"  # the judge's IPC namespace, as /proc/self/ns/ipc names it
+ENV_GPU = "KB_GYM_RUNNER_GPU"  # the one GPU a runner's CUDA may see (runner_start.own_gpu, runner.narrow_to_one_gpu)
 
 
 def host_ipc_namespace() -> str:

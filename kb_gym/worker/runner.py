@@ -42,7 +42,7 @@ from kb_gym.worker.launch_shim import Shim
 from kb_gym.worker.launches import LaunchCounter
 from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
-from kb_gym.worker.process import bind_scratch, limit_sysv_ipc, private_shm, set_limits, take_protocol_fds
+from kb_gym.worker.process import ENV_GPU, bind_scratch, limit_sysv_ipc, private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
@@ -447,6 +447,15 @@ def main() -> None:
     serve(args.device, scratch, namespaces=args.namespaces)
 
 
+def narrow_to_one_gpu(device: str) -> str:
+    """Before CUDA starts here: only the judge's GPU is visible (runner_start.own_gpu), and it is ``cuda:0``."""
+    gpu = os.environ.pop(ENV_GPU, "")
+    if not gpu or not device.startswith("cuda"):
+        return device
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    return "cuda:0"
+
+
 def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
     """The runner's life: set up the sandbox, say ready, answer the judge until it closes the pipe.
     Entered from main() (a fresh interpreter) or from a zygote's forked child (zygote.py)."""
@@ -459,6 +468,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
         now = time.perf_counter()
         phases[name], last = round(now - last, 4), now
 
+    device = narrow_to_one_gpu(device)
     proto_in, proto_out = take_protocol_fds()
     set_limits(file_bytes=1 << 30)
     scratch = Path(scratch_dir)

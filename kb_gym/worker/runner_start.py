@@ -22,6 +22,21 @@ _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUD
 READS_BREAK_CUDA: dict[str, str] = {}
 
 
+def own_gpu(device: str) -> str:
+    """The judge's GPU as a CUDA_VISIBLE_DEVICES entry, for its runners to see that GPU only: on a host of eight, a
+    runner that saw them all could run its forward on another GPU in the probe check's calls, where the probe does
+    not look (probe_check.py), or time-slice a neighbouring judge's timing. "" on the CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return ""
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible:
+        return visible[index] if index < len(visible) else ""
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    return ("GPU-" + uuid if uuid and not uuid.startswith(("GPU-", "MIG-")) else uuid) if uuid else str(index)
+
+
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20  # the default pipe-max-size: 16x fewer system calls per GB of outputs than 64 KB
 
@@ -50,6 +65,9 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
     env[process.ENV_HOST_IPC] = process.host_ipc_namespace()  # a runner in a namespace of its own caps SysV there
     if device in READS_BREAK_CUDA:
         env["KB_GYM_RUNNER_READS"] = "0"
+    gpu = own_gpu(device)
+    if gpu:
+        env[process.ENV_GPU] = gpu
     pch_root = pch.root_for(build_cache.extensions_root(), build_cache.toolchain(torch.device(device)),
                             torch.device(device).type)
     if pch_root is not None:
