@@ -7,10 +7,12 @@ could claim any time at all. The runner is the candidate's process; its events a
 After the timing loop, where the claimed median is under a time slice (MAX_CLAIM_MS), the judge starts its probe
 (probe_clock.py): from then on every other context's GPU time shows as gaps in the probe's readings. It runs
 SPARE_CALLS timed calls of the reference in the pristine spare (the candidate's tree stopped), then CALLS timed
-calls of the candidate, each between two marks, every candidate output checked against the reference. In a probe
-call neither runner flushes the cache, and only the spare shields its launches (clock.probe_call), so the runner's
-window holds the harness's GPU work (inputs built, outputs hashed, the pipe) and the forward, nothing the candidate
-could leave out to look faster. The spare's window less its forward's events and its shield (a pristine runner's
+calls of the candidate, each between two marks, every candidate output checked against the reference. A window
+runs from the seed sent until the outputs are the judge's: received whole (the runner hashes nothing, so no faster
+hash buys time: whatever it computes until then is in the window), or, for outputs over 64 MB drawn in chunks
+after "done", until "done", whose chunk hashes commit them. In a probe call neither runner flushes the cache, and
+only the spare shields its launches (clock.probe_call), so the runner's window holds the harness's GPU work
+(inputs built, outputs copied out) and the forward, nothing the candidate could leave out to look faster. The spare's window less its forward's events and its shield (a pristine runner's
 numbers) is the harness's share; a candidate window less that share is what its forward cost the GPU. Where the
 median of those exceeds the claim by more than the tolerance, every timed call is charged the difference and the
 result flagged ``side_stream``; a second pass must show it too (another judge's runner starting up on the device

@@ -252,12 +252,15 @@ class Runner:
             meta = describe(flat)
             launches, backends = self.counter.count, sorted(self.counter.backends)  # not the digest's own
             on_device = msg.get("digest") == "device" and device_digest.applies_to(self.device)
-            if not on_device:  # on the host once: hashed before "done", then sent (or held) from these copies
+            # on the host once: hashed before "done", then sent (or held) from these copies (a probe call hashes none)
+            if not on_device and msg.get("digest") != "none":
                 flat = [on_host(t) for t in flat]
             chunk_bytes = int(msg.get("chunk_bytes") or 0) if timed else 0
             nonce = int(msg.get("nonce", 0))
             if chunk_bytes:
                 hashes, digest = chunk_hashes(flat, nonce, chunk_bytes, on_device), None
+            elif timed and msg.get("probe") and msg.get("digest") == "none":
+                hashes, digest = None, None  # the probe's window runs until the judge holds the outputs
             else:
                 hashes, digest = None, commitment(flat, nonce, on_device)
         except (TypeError, ValueError) as exc:

@@ -320,19 +320,22 @@ class RunnerProcess:
         the candidate's own kernels do nothing in this forward (launches.py); ``dataflow`` (phase, atol, rtol): the
         forward is traced (dataflow.py) and the reply carries the runner's report. ``marks``: a timed call of the
         probe clock's pass (probe_check.py): the runner neither flushes nor (but for the reference) shields, and
-        ``marks()`` is read right before the seed is sent and right when "done" arrives (``CallReply.window``)."""
+        ``marks()`` is read right before the seed is sent and once the outputs are the judge's (``CallReply.window``):
+        for whole outputs, when they are here, decoded and copied (so the runner hashes nothing: what it computes
+        until then is in the window), for drawn chunks when "done" arrives (the chunks' hashes commit it)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
+        whole_probe = marks is not None and not (timed and chunk_bytes)
         before = marks() if marks is not None else None
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen, "probe": marks is not None,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce, "knockout": knockout,
                     "dataflow": dataflow, "chunk_bytes": chunk_bytes if timed else 0,
-                    "digest": "device" if self.device_digest else "host"})
+                    "digest": "none" if whole_probe else "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
-        after = marks() if marks is not None else None  # never raises: None where the probe failed
+        after = marks() if marks is not None and not whole_probe else None  # never raises: None if the probe failed
         window = (before, after) if before is not None and after is not None else None
         if msg.get("type") == "error":
             status = str(msg.get("status", "runtime_error"))
@@ -348,10 +351,15 @@ class RunnerProcess:
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
-            committed = commitment(tensors, nonce, self.device_digest)
+            if whole_probe:
+                if self.torch_device.type == "cuda":
+                    torch.cuda.synchronize(self.torch_device)
+                after = marks()
+                window = (before, after) if before is not None and after is not None else None
+            committed = None if whole_probe else commitment(tensors, nonce, self.device_digest)
             if msg.get("payload_via") in ("shm", "device"):
                 self._note_payload("copy_out", t_out)
-            if committed != msg.get("commitment"):
+            if not whole_probe and committed != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
                                  "when it reported the call done: its time did not cover computing them",
                                  flags=("tampering",))
