@@ -19,6 +19,9 @@ FLAG_NOTES = {
     "side_stream": "work ran on another stream after forward returned; timing used the host clock",
     "launch_bound": "called back to back, your forward cost its host time (Python and kernel launches), more than "
                     "the GPU time of its kernels, so it was charged that: launch fewer kernels or do less in Python",
+    "unverified_timing": "the judge could not confirm your timing with its own clock (calls that did not finish, "
+                         "GPU work left running while your process was stopped, the device's memory held): no "
+                         "speed credit",
     "tampering": "the code replaced functions of the evaluation harness",
     "timing_mismatch": "outputs produced while timing differed from the reference",
     "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes this problem's "

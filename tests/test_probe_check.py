@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from kb_gym.worker import probe_check
-from kb_gym.worker.probe_check import ProbeReading, busy_in, read_probe
-from kb_gym.worker.probe_clock import ProbeClock, ProbeError
+from kb_gym.worker.probe_check import ProbeReading, Window, busy_in, read_probe
+from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError
 from kb_gym.worker.runner_replies import CallReply
 from kb_gym.worker.timing import Calibration, PairedTiming, Side
 
@@ -97,9 +97,9 @@ class FakeRunner:
         self.device.busy([self.harness / 2])  # inputs built
         if shield:
             self.device.busy([shield + self.forward], idle_ns=0)
-        else:
+        elif target == "candidate":
             self.device.busy([self.forward / self.pieces] * self.pieces)
-        self.device.busy([self.harness / 2])  # outputs hashed
+        self.device.busy([self.harness / 2])  # outputs copied out
         after = marks()
         out = torch.full((4,), float(seed % 1000) + (1.0 if self.wrong else 0.0))
         return CallReply(outputs=out, event_ms=self.forward if self.claim is None else self.claim,
@@ -122,7 +122,7 @@ def judge(probe, runner, spare, timing, device: torch.device | None = None) -> P
 @pytest.fixture(autouse=True)
 def _no_gpu_sync(monkeypatch):
     monkeypatch.setattr(probe_check.torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(probe_check, "QUIET_WAIT_S", 0.0)
+    monkeypatch.setattr(probe_check, "RETRY_WAIT_S", 0.0)
 
 
 def test_busy_in_clips_gaps_to_the_window():
@@ -157,7 +157,8 @@ def test_a_liar_cannot_buy_allowance_by_fragmenting_its_work():
     # Each extra piece costs a real switch and earns one allowance: the false claim still shows in full.
     dev = Device()
     t = judge(FakeProbe(dev), FakeRunner(dev, 0.1, claim=0.02, pieces=40), FakeRunner(dev, 0.5), timing_claiming(0.02))
-    assert t.probe.counted and t.probe.charged_ms == pytest.approx(0.08, abs=0.01), t.probe
+    assert t.probe.counted and t.probe.forward_ms - t.probe.claimed_ms == pytest.approx(0.08, abs=0.01), t.probe
+    assert t.probe.charged_ms >= 0.07  # and its 40 launches' host pacing shows in its wall time besides
 
 
 def test_work_queued_before_the_freeze_voids_the_pass_and_costs_the_credit():
@@ -165,8 +166,8 @@ def test_work_queued_before_the_freeze_voids_the_pass_and_costs_the_credit():
     dev = Device()
     liar = FakeRunner(dev, 0.2, claim=0.001, queued_ms=5.0)
     t = judge(FakeProbe(dev), liar, FakeRunner(dev, 0.5), timing_claiming(0.001))
-    assert t.probe.counted and t.probe.restless > 1.0, t.probe
-    assert liar.frozen_count >= probe_check.QUIET_TRIES
+    assert t.probe.counted and "while the candidate was stopped" in t.probe.unverified, t.probe
+    assert t.probe.voids == probe_check.ATTEMPTS and liar.frozen_count == probe_check.ATTEMPTS
 
 
 def test_a_wrong_output_in_a_probe_call_is_a_mismatch():
@@ -183,13 +184,14 @@ def test_long_claims_and_the_cpu_are_left_to_the_envelope():
     assert probe.passes == 0
 
 
-def test_a_blind_probe_is_turned_off_and_says_so():
+def test_a_blind_probe_stands_aside_and_says_so():
     dev = Device()
     probe = FakeProbe(dev)
     probe.stop = lambda: []  # sees nothing of any context: MPS, or a driver running contexts at once
     t = judge(probe, FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
-    assert t.probe is None and "did not see a pristine forward" in t.probe_note
+    assert t.probe is None and "did not see a pristine shield" in t.probe_note
     assert t.summary()["envelope"]["probe"] == {"skipped": t.probe_note}
+    assert probe.usable  # for this evaluation only: the next one tries again
 
 
 def test_no_probe_is_reported_not_charged():
@@ -199,11 +201,56 @@ def test_no_probe_is_reported_not_charged():
 
 
 def test_the_reading_weighs_the_spares_spread():
-    calm = read_probe(0.1, [(0.15, 3)] * 8, [0.05] * 5, [3] * 5)
-    noisy = read_probe(0.1, [(0.15, 3)] * 8, [0.03, 0.05, 0.07, 0.05, 0.09], [3] * 5)
+    cand = [Window(0.15, 3, 0.4)] * 8
+    calm = read_probe(0.1, cand, [Window(0.05, 3, 0.3)] * 5)
+    noisy = read_probe(0.1, cand, [Window(b, 3, 0.3) for b in (0.03, 0.05, 0.07, 0.05, 0.09)])
     assert not calm.counted and calm.tolerance_ms == pytest.approx(probe_check.FLOOR_MS)
     assert noisy.tolerance_ms == pytest.approx(3 * 0.02)
     assert isinstance(calm, ProbeReading) and calm.to_dict()["counted"] is False
+
+
+def test_a_forward_computed_off_the_gpu_is_charged_its_wall_time():
+    # No gap (its work is on the CPU or a copy engine) but a window 0.8 ms longer than the harness's.
+    reading = read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5)
+    assert reading.counted and reading.by_wall and reading.charged_ms == pytest.approx(0.799), reading
+    honest = read_probe(0.2, [Window(0.25, 3, 0.55)] * 8, [Window(0.05, 3, 0.3)] * 5)
+    assert not honest.counted, honest
+
+
+def test_a_pass_the_candidate_left_unreadable_is_unverified_not_skipped():
+    # A flood of gaps past the record, or a call that outlived the probe's kernel: nothing to read, no credit.
+    dev = Device()
+    probe = FakeProbe(dev)
+
+    def void():
+        raise PassVoid("more than 65536 gaps in one pass")
+
+    probe.stop = void
+    t = judge(probe, FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe.counted and t.probe.unverified.startswith("more than"), t.probe
+
+
+def test_a_charge_survives_a_second_pass_the_candidate_voids():
+    dev = Device()
+    liar = FakeRunner(dev, 0.2, claim=0.001)
+    frozen = liar.frozen
+
+    @contextlib.contextmanager
+    def quiet_once():
+        with frozen():
+            yield True
+        liar.queued_ms = 5.0  # from the second pass on, work queued at every stop
+
+    liar.frozen = quiet_once
+    t = judge(FakeProbe(dev), liar, FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert t.probe.charged_ms == pytest.approx(0.2, abs=0.01) and t.probe.voids >= 1, t.probe
+
+
+def test_no_spare_beside_the_candidate_is_unverified():
+    # A candidate that takes the device's memory leaves no spare able to run: that cannot buy the envelope back.
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), None, timing_claiming(0.001))
+    assert t.probe.counted and "no pristine spare" in t.probe.unverified
 
 
 def test_a_probe_that_cannot_start_says_why(tmp_path):

@@ -25,7 +25,7 @@ STATIC_FLAGS = frozenset({
 RUNTIME_FLAGS = frozenset({
     "no_custom_kernel", "input_mutation", "side_stream", "tampering", "timing_mismatch",
     "degenerate_problem", "unverifiable_output", "excessive_speedup", "nondeterministic", "ill_conditioned",
-    "launch_bound", "token_kernel",
+    "launch_bound", "token_kernel", "unverified_timing",
 })
 ALWAYS_FAIL = frozenset({"tampering", "timing_mismatch"})
 
@@ -55,6 +55,8 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "input_mutation": "forward wrote to its inputs",
     "side_stream": "work ran on another stream after forward returned",
     "launch_bound": "back to back, forward cost its host (launch) time, more than its GPU time; it was charged that",
+    "unverified_timing": "the judge's own clock could not confirm the time the timed calls reported (the probe "
+                         "check could not run its calls to the end)",
     "tampering": "the harness's functions were replaced while running",
     "timing_mismatch": "outputs produced while timing differed from the reference",
     "degenerate_problem": "a trivial output (zeros, the input, another input's answer) passes the tolerance; "

@@ -45,7 +45,7 @@ POLICIES: dict[str, IntegrityPolicy] = {
         no_speed_credit=frozenset({"no_custom_kernel", "token_kernel", "fallback", "decoy", "input_mutation",
                                    "side_stream", "excessive_speedup", "nondeterministic", "replay", "precision_change",
                                    "dynamic_code", "unchecked", "unverifiable_output", "pytorch_compiler",
-                                   "unlisted_import"}),
+                                   "unlisted_import", "unverified_timing"}),
         description="default: reject harness, timer, introspection, concurrency, I/O and tensor-subclass "
                     "hacks and star imports; no speed credit for fallbacks, decoys, replays, other imports "
                     "outside the allowlist and runtime integrity flags",

@@ -186,7 +186,9 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                 ctx.probe, runner, spare, timing,
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
                 check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
-                                    "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout)
+                                    "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout,
+                ctx.harness_shares, (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"],
+                                     bool(cfg.get("tf32", False)), state.get("chunk_bytes", 0), widen))
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
@@ -305,8 +307,12 @@ def timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: 
         flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
         if charged.get("counted") and flag not in result["flags"]:
             result["flags"].append(flag)
-        if (envelope.get("probe") or {}).get("counted") and "side_stream" not in result["flags"]:
-            result["flags"].append("side_stream")
+        probe = envelope.get("probe") or {}
+        if probe.get("counted"):
+            flag = ("unverified_timing" if probe.get("unverified") else "launch_bound" if probe.get("by_wall")
+                    else "side_stream")
+            if flag not in result["flags"]:
+                result["flags"].append(flag)
     if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.unlaunched:
         result["flags"].append("fallback")  # its own kernels in the trials, none in a timed call
     floor = state.get("floor_ms")

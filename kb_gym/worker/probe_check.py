@@ -5,25 +5,35 @@ beyond a tolerance of at least 0.3 ms on a GPU (timing.PairedTiming.tolerance_ms
 could claim any time at all. The runner is the candidate's process; its events are the candidate's to rewrite.
 
 After the timing loop, where the claimed median is under a time slice (MAX_CLAIM_MS), the judge starts its probe
-(probe_clock.py): from then on every other context's GPU time shows as gaps in the probe's readings. It runs
-SPARE_CALLS timed calls of the reference in the pristine spare (the candidate's tree stopped), then CALLS timed
-calls of the candidate, each between two marks, every candidate output checked against the reference. A window
-runs from the seed sent until the outputs are the judge's: received whole (the runner hashes nothing, so no faster
-hash buys time: whatever it computes until then is in the window), or, for outputs over 64 MB drawn in chunks
-after "done", until "done", whose chunk hashes commit them. In a probe call neither runner flushes the cache, and
-only the spare shields its launches (clock.probe_call), so the runner's window holds the harness's GPU work
-(inputs built, outputs copied out) and the forward, nothing the candidate could leave out to look faster. The spare's window less its forward's events and its shield (a pristine runner's
-numbers) is the harness's share; a candidate window less that share is what its forward cost the GPU. Where the
-median of those exceeds the claim by more than the tolerance, every timed call is charged the difference and the
-result flagged ``side_stream``; a second pass must show it too (another judge's runner starting up on the device
-outside the lock shows as gaps as well), and the smaller charge stands.
+(probe_clock.py): from then on every other context's GPU time shows as gaps in the probe's readings. A pass:
 
-Each gap carries a context switch (~2 us on the H200); a candidate whose forward's kernels reach the GPU one by one
-shows more gaps than the spare's shielded reference, and the switches beyond the spare's are not charged. A runner
-can make the probe see more (its own work, or another process's), never less: there is no way to hide GPU time
-from a context that is waiting for the GPU. What the probe cannot see: work on engines that do not preempt a
-compute context (a copy engine's transfers), and any work while MPS shares the GPU between contexts; the spare's
-readings are the probe's self-test (a pristine forward it does not see turns the probe off for the judge).
+1. With the candidate's tree stopped and the device quiet (no other context's work for QUIET_S: work the
+   candidate queued before it stopped would swell what it is held to), the pristine spare runs one shielded call of
+   the reference (the probe's self-test: a 1 ms shield it must see) and then SPARE_CALLS calls of the harness alone
+   (inputs built, the reference's held outputs copied out: no forward), the first of them unread. Their windows'
+   GPU time is the harness's share, their spans the harness's wall time. The device must stay quiet between them.
+2. The candidate runs CALLS timed calls, each output checked against the reference.
+
+Each call lies between two marks the judge reads from the probe: before the seed goes out, and once the outputs are
+the judge's (received whole: the runner hashes nothing, so whatever it computes until then is in the window; or, for
+outputs over 64 MB drawn in chunks after "done", at "done", whose chunk hashes commit them). In a probe call no
+runner flushes the cache and none shields its launches (clock.probe_call), so a window holds the harness's GPU work
+and the forward, nothing the candidate could leave out to look faster. A candidate window less the harness's share
+(and less SWITCH_MS for each gap beyond the harness's: kernels that reach the GPU one by one) is what its forward
+cost the GPU; its span less the harness's span is what it cost in wall time (a forward computed off the GPU's SMs,
+on the CPU or a copy engine, leaves no gap but takes time). Where the median of either exceeds the claim by more
+than its tolerance, every timed call is charged the larger difference: ``side_stream`` for GPU time,
+``launch_bound`` (a note: host launches are slower than the kernels) for wall time alone. A second pass must show
+a GPU charge too (another judge's runner starting on the device outside the lock shows as gaps as well); the
+smaller stands.
+
+Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, a flood of
+gaps past the record, a pass that outlived the probe's kernel, a spare that could not run beside it) is void, and a
+claim no pass could confirm is ``unverified_timing`` (no speed credit). Only the probe's own absence (not started,
+no probe on this judge, MPS) skips the check and says so; the envelope then stands alone.
+
+What the probe cannot see: another context cannot be told from the runner's (a neighbour's loading candidate shows
+as the runner's work: docs/integrity.md, Open), and a claim of MAX_CLAIM_MS or more is left to the envelope.
 """
 
 from __future__ import annotations
@@ -37,23 +47,26 @@ import torch
 
 from kb_gym.worker.burst import fresh_seeds, median_of
 from kb_gym.worker.loading import StageError
-from kb_gym.worker.probe_clock import ProbeClock, ProbeError, busy_in
+from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
 
 MAX_CLAIM_MS = 2.0  # a forward claimed under this runs within one time slice beside the probe (H200: ~2-3 ms)
 CALLS = 8  # the candidate's calls per pass
-SPARE_CALLS = 6  # the spare's; the first warms its path up and is not read
-PASSES = 2  # a charge stands only where a second pass shows it too
+SPARE_CALLS = 6  # the spare's harness-only calls; the first warms its path up (and computes the held outputs)
+PASSES = 2  # a GPU charge stands only where a second pass shows it too
+ATTEMPTS = 4  # passes tried at most, void ones included
 SWITCH_MS = 0.002  # a gap's own context switch (H200: a 5 us kernel between two stamps read as a 10.75 us gap)
 RESOLUTION = 0.03  # of the claim: what a false claim may hide at most
 FLOOR_MS = 0.005
-SPREAD_FACTOR = 3.0  # x the spare's median absolute deviation of its harness share
-BLIND_SHARE = 0.5  # a pristine forward and shield the probe sees less than this share of: the probe is blind
+SPREAD_FACTOR = 3.0  # x the median absolute deviation of the spare's harness readings
+WALL_FLOOR_MS = 0.3  # wall time: the envelope's own floor on a GPU (host scheduling between two processes)
+BLIND_SHARE = 0.5  # a pristine shield the probe sees less than this share of: the probe is blind
 QUIET_S = 0.002  # with the candidate's tree stopped, the device must stay free of other contexts' work this long
-QUIET_MAX_MS = 0.02  # ... up to this much of it (a neighbour's stray launch)
-QUIET_TRIES = 3  # passes voided so before the candidate is held to it (``side_stream``)
-QUIET_WAIT_S = 0.2
+QUIET_MAX_MS = 0.02  # ... up to this much of it, there and between the spare's calls (a neighbour's stray launch)
+RETRY_WAIT_S = 0.2
+SHARE_TTL_S = 60.0  # a problem's lowest harness share is kept this long (as its calibration: judge_timing)
+CALL_SECONDS = 10.0  # a probe call may take this many times the loop's median envelope (and 1 s more) at most
 
 
 @dataclass
@@ -62,72 +75,83 @@ class ProbeReading:
 
     calls: int
     claimed_ms: float  # the median a timed call was charged before the probe
-    forward_ms: float  # the median candidate window, by the probe, less the harness's share
-    harness_ms: float  # the spare's window less its forward and shield
+    forward_ms: float  # the median candidate window's GPU time, less the harness's share
+    harness_ms: float  # the spare's harness-only windows' GPU time
     harness_spread_ms: float
     gaps: float  # median gaps in a candidate window
     spare_gaps: float
     tolerance_ms: float
+    wall_ms: float = 0.0  # the median candidate span, less the harness's span
+    wall_tolerance_ms: float = 0.0
     passes: int = 1
     charged_ms: float = 0.0  # added to every timed call
-    # GPU time (ms) other contexts used with the candidate's tree stopped, in each of QUIET_TRIES tries: work it
-    # queued before it stopped (nothing was read; the timing could not be confirmed)
-    restless: float = 0.0
+    by_wall: bool = False  # charged for wall time alone (``launch_bound``), not GPU time (``side_stream``)
+    unverified: str = ""  # why no pass could confirm the claim (``unverified_timing``)
+    voids: int = 0
 
     @property
     def counted(self) -> bool:
-        return self.charged_ms > 0 or self.restless > 0
+        return self.charged_ms > 0 or bool(self.unverified)
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "claimed_ms": self.claimed_ms, "forward_ms": self.forward_ms,
                 "harness_ms": self.harness_ms, "harness_spread_ms": self.harness_spread_ms, "gaps": self.gaps,
-                "spare_gaps": self.spare_gaps, "tolerance_ms": self.tolerance_ms, "passes": self.passes,
-                "charged_ms": self.charged_ms, "restless_ms": self.restless, "counted": self.counted}
+                "spare_gaps": self.spare_gaps, "tolerance_ms": self.tolerance_ms, "wall_ms": self.wall_ms,
+                "wall_tolerance_ms": self.wall_tolerance_ms, "passes": self.passes, "charged_ms": self.charged_ms,
+                "by_wall": self.by_wall, "unverified": self.unverified, "voids": self.voids,
+                "counted": self.counted}
 
 
-def harness_share(windows: list[tuple[float, int]], replies: list[CallReply]) -> tuple[list[float], list[int]]:
-    """Per spare call (the first left out): what the probe saw less the reference's forward and shield, and the
-    number of gaps. A call missing a number is left out."""
-    shares, counts = [], []
-    for (busy, n), reply in list(zip(windows, replies, strict=True))[1:]:
-        if reply.event_ms is None or reply.shield_ms is None:
-            continue
-        shares.append(busy - reply.event_ms - reply.shield_ms)
-        counts.append(n)
-    return shares, counts
+@dataclass
+class Window:
+    busy_ms: float  # the gaps' time inside it
+    gaps: int
+    span_ms: float  # mark to mark
 
 
-def read_probe(claimed_ms: float, cand: list[tuple[float, int]], shares: list[float],
-               spare_counts: list[int]) -> ProbeReading:
-    """Weigh the candidate's windows (busy ms, gaps) against its claim, given the spare's harness shares."""
-    share = median_of(shares)
-    spread = median_of([abs(s - share) for s in shares])
-    spare_gaps = median_of([float(n) for n in spare_counts])
-    forwards = [busy - max(0.0, n - spare_gaps) * SWITCH_MS - share for busy, n in cand]
-    forward = median_of(forwards)
-    tolerance = max(RESOLUTION * claimed_ms, FLOOR_MS, SPREAD_FACTOR * spread)
-    reading = ProbeReading(len(cand), claimed_ms, forward, share, spread, median_of([float(n) for _, n in cand]),
-                           spare_gaps, tolerance)
-    if forward - claimed_ms > tolerance:
-        reading.charged_ms = forward - claimed_ms
+def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window],
+               lowest_share_ms: float | None = None) -> ProbeReading:
+    """Weigh the candidate's windows against its claim, given the spare's harness-only windows (and the lowest share
+    a pass measured for the problem lately, which stands where it is lower than this pass's)."""
+    share = median_of([w.busy_ms for w in harness])
+    spread = median_of([abs(w.busy_ms - share) for w in harness])
+    if lowest_share_ms is not None:
+        share = min(share, lowest_share_ms)
+    spare_gaps = median_of([float(w.gaps) for w in harness])
+    forward = median_of([w.busy_ms - max(0.0, w.gaps - spare_gaps) * SWITCH_MS - share for w in cand])
+    span = median_of([w.span_ms for w in harness])
+    wall = median_of([w.span_ms - span for w in cand])
+    reading = ProbeReading(len(cand), claimed_ms, forward, share, spread, median_of([float(w.gaps) for w in cand]),
+                           spare_gaps, max(RESOLUTION * claimed_ms, FLOOR_MS, SPREAD_FACTOR * spread), wall,
+                           max(RESOLUTION * claimed_ms, WALL_FLOOR_MS,
+                               SPREAD_FACTOR * median_of([abs(w.span_ms - span) for w in harness])))
+    gpu_excess = forward - claimed_ms if forward - claimed_ms > reading.tolerance_ms else 0.0
+    wall_excess = wall - claimed_ms if wall - claimed_ms > reading.wall_tolerance_ms else 0.0
+    reading.charged_ms = max(gpu_excess, wall_excess)
+    reading.by_wall = wall_excess > gpu_excess
     return reading
 
 
-def blind(windows: list[tuple[float, int]], replies: list[CallReply]) -> bool:
-    """The probe saw too little of a pristine forward and shield whose events it can trust: it cannot judge."""
-    seen = [(busy, (r.event_ms or 0.0) + (r.shield_ms or 0.0)) for (busy, _), r in zip(windows, replies, strict=True)]
-    return median_of([b for b, _ in seen[1:]]) < BLIND_SHARE * median_of([w for _, w in seen[1:]])
+class _Mismatch(str):
+    """A probe call's output that is wrong: the verdict, not a reading."""
+
+
+class _Skip(str):
+    """The probe itself could not judge (its own failure, not the candidate's): the check says so and stands aside."""
 
 
 def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None],
             timing: Any, reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None],
-            device: torch.device, call: dict[str, Any], timeout: Callable[[], float]) -> None:
+            device: torch.device, call: dict[str, Any], timeout: Callable[[], float],
+            shares: dict[Any, tuple[float, float]] | None = None, key: Any = None) -> None:
     """Run the probe's passes after the timing loop (``timing``: timing.PairedTiming) and record what they showed in
     ``timing.probe`` (or why none ran in ``timing.probe_note``), or a wrong output in ``timing.mismatch``.
     ``spare()``: the pristine spare, prepared with the reference (None: none could be had); ``reference(seed)``: the
     reference's outputs for a seed; ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None;
-    ``call``: the keywords of the loop's timed calls (byte_limit, chunk_bytes, widen)."""
-    if device.type != "cuda" or timing.calibration is None or not timing.cand.event_ms or timing.mismatch:
+    ``call``: the keywords of the loop's timed calls (byte_limit, chunk_bytes, widen). ``shares[key]``: the lowest
+    harness share a pass measured for this problem and path within SHARE_TTL_S (time.monotonic(), ms), kept across
+    candidates: work a candidate slipped into the spare's windows would swell only its own pass's share."""
+    if device.type != "cuda" or not timing.cand.event_ms or timing.mismatch:
         return
     claimed = median_of(timing.charged_ms())
     if claimed >= MAX_CLAIM_MS:
@@ -136,47 +160,50 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
         timing.probe_note = probe.note if probe is not None else "no probe on this judge"
         return
     if not probe.wait_ready(timeout=min(60.0, max(1.0, timeout() / 4))):
-        timing.probe_note = probe.note or "the probe did not start in time"
+        timing.probe_note = probe.note or "the probe had not started yet"
         return
-    passes = restless = 0
-    try:
-        while passes < PASSES:
-            outcome = _one_pass(probe, runner, spare, claimed, reference, check, device, call, timeout)
-            if isinstance(outcome, _Mismatch):
-                timing.mismatch = str(outcome)
-                return
-            if outcome is None:
-                timing.probe_note = "no pristine spare could measure the harness's share"
-                return
-            if isinstance(outcome, float):  # GPU work ran with the candidate's tree stopped: the pass is void
-                restless += 1
-                if restless < QUIET_TRIES:
-                    time.sleep(QUIET_WAIT_S)
-                    continue
-                timing.probe = ProbeReading(0, claimed, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, passes, restless=outcome)
-                return
-            passes += 1
-            if timing.probe is None or outcome.charged_ms < timing.probe.charged_ms:
-                timing.probe = outcome
-            timing.probe.passes = passes
-            if not timing.probe.counted:
-                return
-    except ProbeError as exc:
-        timing.probe_note = str(exc)
-
-
-class _Mismatch(str):
-    """A probe call's output that is wrong: the verdict, not a reading."""
+    # A probe call takes about what a loop call took: one that sleeps far longer is the candidate's timeout.
+    limit = 1.0 + CALL_SECONDS * median_of(timing.cand.envelope_ms) / 1e3
+    valid: list[ProbeReading] = []
+    voids: list[str] = []
+    for _ in range(ATTEMPTS):
+        kept_share = (shares or {}).get(key)
+        lowest = kept_share[1] if kept_share and time.monotonic() - kept_share[0] < SHARE_TTL_S else None
+        outcome = _one_pass(probe, runner, spare, claimed, reference, check, device, call,
+                            lambda: min(limit, timeout()), lowest)
+        if isinstance(outcome, _Mismatch):
+            timing.mismatch = str(outcome)
+            return
+        if isinstance(outcome, _Skip):
+            timing.probe_note = str(outcome)
+            return
+        if isinstance(outcome, str):
+            voids.append(outcome)
+            time.sleep(RETRY_WAIT_S)
+            continue
+        valid.append(outcome)
+        if shares is not None and (lowest is None or outcome.harness_ms <= lowest):
+            shares[key] = (time.monotonic(), outcome.harness_ms)
+        if not outcome.counted or len(valid) >= PASSES:
+            break
+    if not valid:
+        timing.probe = ProbeReading(0, claimed, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, passes=0,
+                                    unverified=voids[-1] if voids else "no pass", voids=len(voids))
+        return
+    # the smaller charge of the valid passes; a single charged pass whose second could not be read keeps its charge
+    kept = min(valid, key=lambda r: r.charged_ms) if len(valid) >= PASSES or not valid[0].counted else valid[0]
+    kept.passes, kept.voids = len(valid), len(voids)
+    timing.probe = kept
 
 
 def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], claimed: float,
               reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], device: torch.device,
-              call: dict[str, Any], timeout: Callable[[], float]) -> ProbeReading | _Mismatch | float | None:
-    """One pass: a reading, a wrong output, None (no spare), or the GPU time (ms) another context used while the
-    candidate's tree was stopped and before the spare's first call (the pass is then void)."""
+              call: dict[str, Any], timeout: Callable[[], float],
+              lowest_share: float | None = None) -> ProbeReading | _Mismatch | _Skip | str:
+    """One pass: a reading, a wrong output, a skip (the probe's own failure), or why the pass is void."""
     pristine = spare()
     if pristine is None:
-        return None
+        return "no pristine spare could run beside the candidate"
 
     def mark() -> int | None:
         try:
@@ -189,39 +216,50 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         return process.call(seed, timeout=timeout(), timed=True, target=target, marks=mark, **call)
 
     spare_replies, cand_replies = [], []
-    with probe.spinning():
-        with runner.frozen():
-            # Work the candidate queued before its tree stopped runs on (a CPU stop does not reach the GPU): it must be
-            # done before the spare's calls, or it would swell the harness's share the candidate is held to.
-            torch.cuda.synchronize(device)
-            quiet = [probe.mark()]
-            time.sleep(QUIET_S)
-            quiet.append(probe.mark())
-            try:
-                for seed in fresh_seeds(SPARE_CALLS):
-                    spare_replies.append(timed(pristine, seed, "reference"))
-            except StageError as exc:  # the spare's failure is not the candidate's
-                raise ProbeError(f"the spare failed: {exc.message[:200]}") from None
-        for j, seed in enumerate(fresh_seeds(CALLS)):
-            reply = timed(runner, seed, "candidate")
-            why = check(reply.outputs, reference(seed), seed)
-            if why:
-                return _Mismatch(f"probe call {j + 1} of {CALLS}, after the timed calls: {why}")
-            cand_replies.append(reply)
-        gaps = probe.stop()
+    try:
+        with probe.spinning():
+            with runner.frozen():
+                # Work the candidate queued before its tree stopped runs on (a CPU stop does not reach the GPU): it
+                # must be done before the spare's calls, or it would swell the harness's share it is held to.
+                torch.cuda.synchronize(device)
+                quiet = [probe.mark()]
+                time.sleep(QUIET_S)
+                quiet.append(probe.mark())
+                try:
+                    targets = ["reference"] + ["harness"] * SPARE_CALLS
+                    for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True):
+                        spare_replies.append(timed(pristine, seed, target))
+                except StageError as exc:  # the spare's failure is not the candidate's, nor is it a pass
+                    return f"the spare failed beside the candidate: {exc.message[:200]}"
+                after = probe.mark()
+            for j, seed in enumerate(fresh_seeds(CALLS)):
+                reply = timed(runner, seed, "candidate")
+                why = check(reply.outputs, reference(seed), seed)
+                if why:
+                    return _Mismatch(f"probe call {j + 1} of {CALLS}, after the timed calls: {why}")
+                cand_replies.append(reply)
+            gaps = probe.stop()
+    except PassVoid as exc:
+        return str(exc)
+    except ProbeError as exc:
+        return _Skip(str(exc))
     if any(r.window is None for r in spare_replies + cand_replies):
-        raise ProbeError(probe.note or "a mark was missing")
-    restless, _ = busy_in(gaps, quiet[0], spare_replies[0].window[0])
-    if restless > QUIET_MAX_MS:
-        return restless
-    spare_windows = [busy_in(gaps, *r.window) for r in spare_replies]
-    if blind(spare_windows, spare_replies):
-        probe.note = "the probe did not see a pristine forward (MPS, or contexts that run at once)"
-        raise ProbeError(probe.note)
-    shares, counts = harness_share(spare_windows, spare_replies)
-    if not shares:
-        raise ProbeError("the spare reported no forward time")
-    return read_probe(claimed, [busy_in(gaps, *r.window) for r in cand_replies], shares, counts)
+        return _Skip(probe.note or "a mark was missing")
+    windows = [_window(gaps, r.window) for r in spare_replies]
+    # between the spare's windows (and before and after them) no context may work: the runner's tree is stopped
+    edges = [quiet[0]] + [t for r in spare_replies for t in r.window] + [after]
+    stray = sum(busy_in(gaps, edges[k], edges[k + 1])[0] for k in range(0, len(edges), 2))
+    if stray > QUIET_MAX_MS:
+        return f"GPU work ran beside the spare's calls while the candidate was stopped ({stray:.3f} ms)"
+    shield = spare_replies[0].shield_ms or 0.0
+    if shield <= 0 or windows[0].busy_ms < BLIND_SHARE * shield:
+        return _Skip("the probe did not see a pristine shield (MPS, or contexts that run at once)")
+    return read_probe(claimed, [_window(gaps, r.window) for r in cand_replies], windows[2:], lowest_share)
+
+
+def _window(gaps: list[tuple[int, int]], window: tuple[int, int]) -> Window:
+    busy, n = busy_in(gaps, *window)
+    return Window(busy, n, (window[1] - window[0]) / 1e6)
 
 
 def spare_source(ctx: Any, job: dict[str, Any], deadline_left: Callable[[], float],

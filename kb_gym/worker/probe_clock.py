@@ -40,6 +40,10 @@ class ProbeError(RuntimeError):
     """The probe did not answer as it should: the check it serves is skipped and says why."""
 
 
+class PassVoid(RuntimeError):
+    """What the calls of a pass did left the probe nothing to read (probe_check: unverified, not skipped)."""
+
+
 def busy_in(gaps: list[tuple[int, int]], t0: int, t1: int) -> tuple[float, int]:
     """Milliseconds of the gaps inside the window [t0, t1] (``%globaltimer`` nanoseconds), clipped to it, and how
     many gaps reach into it."""
@@ -71,8 +75,10 @@ class ProbeClock:
             return True
         if not self.usable:
             return False
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            return False  # still starting: asked again next time, never killed for being slow
         try:
-            reply = self._read(timeout)
+            reply = self._read(1.0)
         except ProbeError:
             return False
         if reply.get("type") != "ready":
@@ -91,11 +97,15 @@ class ProbeClock:
         return int(self._ask({"type": "mark"}, "mark")["t"])
 
     def stop(self) -> list[tuple[int, int]]:
-        """Stop the spinning kernel; the gaps it recorded, as (last reading before, first reading after)."""
+        """Stop the spinning kernel; the gaps it recorded, as (last reading before, first reading after). A pass
+        whose gaps overflowed the record, or that outlived the kernel (MAX_PASS_S), raises PassVoid: the calls in
+        it did that (a flood of tiny launches, a call that slept past the kernel's end), not the probe."""
         self.running = False
         reply = self._ask({"type": "stop"}, "stopped")
         if reply.get("overflow"):
-            raise ProbeError(f"the probe recorded more than {MAX_GAPS} gaps in one pass")
+            raise PassVoid(f"more than {MAX_GAPS} gaps in one pass")
+        if reply.get("expired"):
+            raise PassVoid(f"the pass outlived the probe's kernel ({MAX_PASS_S:.0f} s)")
         try:
             return [(int(a), int(b)) for a, b in reply["gaps"]]
         except (KeyError, TypeError, ValueError) as exc:
@@ -168,7 +178,7 @@ def _serve(device_name: str, proto: IO[str]) -> None:
     device = torch.device(device_name)
     torch.cuda.set_device(device)
     gaps = torch.zeros(2 * MAX_GAPS, dtype=torch.int64, device=device)
-    count = torch.zeros(1, dtype=torch.int32, device=device)
+    count = torch.zeros(2, dtype=torch.int32, device=device)  # gaps seen, and whether the kernel expired
     stop = torch.ones(1, dtype=torch.int32, device=device)
     stamp = torch.zeros(1, dtype=torch.int64, device=device)
     host = torch.zeros(1, dtype=torch.int64).pin_memory()
@@ -192,9 +202,9 @@ def _serve(device_name: str, proto: IO[str]) -> None:
         side.synchronize()
         spin_stream.synchronize()
         with torch.cuda.stream(side):
-            n = int(count.item())
+            n, expired = count.tolist()
             kept = gaps[: 2 * min(n, MAX_GAPS)].view(-1, 2).cpu().tolist()
-        return {"type": "stopped", "gaps": kept, "overflow": n > MAX_GAPS}
+        return {"type": "stopped", "gaps": kept, "overflow": n > MAX_GAPS, "expired": bool(expired)}
 
     # Both kernels compiled and run once before "ready" (the spin kernel exits at once: stop is set), so that no
     # compile or module load happens while a pass runs.

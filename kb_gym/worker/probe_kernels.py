@@ -4,7 +4,8 @@
 32 ns steps on the H200) in a loop. Without MPS the GPU runs one context at a time, so a jump between two
 readings is time another context held the GPU: it records each jump over ``threshold_ns`` as (last reading before,
 first reading after). It stops when the host sets ``stop`` or the timer passes ``until_ns`` (a probe whose host side
-died never holds the GPU for long). ``stamp`` writes the timer once, from a second stream of the same context: the
+died never holds the GPU for long), and says which (``count_ptr[1]``: a pass that outlived its kernel saw nothing
+at its end). ``stamp`` writes the timer once, from a second stream of the same context: the
 judge's marks around a timed call.
 """
 
@@ -40,6 +41,7 @@ def spin(gaps_ptr, count_ptr, stop_ptr, threshold_ns, max_gaps, until_ns, READIN
         stop = tl.load(stop_ptr, volatile=True)
         stop = tl.where(last > until_ns, 1, stop)
     tl.store(count_ptr, n)
+    tl.store(count_ptr + 1, tl.where(last > until_ns, 1, 0))  # expired: no gap after this was seen
 
 
 @triton.jit

@@ -124,6 +124,7 @@ class Runner:
         self.dataflow_writes: dict[str, Any] | None = None  # the first traced run's launches' writes (dataflow.py)
         self.dataflow_report: dict[str, Any] | None = None  # the last traced run's, sent with its "done"
         self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
+        self.harness_outputs: Any = None  # a pristine spare's reference outputs for its harness-only calls
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
 
     def handle(self, msg: dict[str, Any]) -> None:
@@ -150,6 +151,7 @@ class Runner:
         for the calls that measure this process's own per-call overhead before any candidate code runs."""
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(msg.get("tf32"))
         self.numerics = _numerics()
+        self.harness_outputs = None
         self.dtype = DTYPES[msg["precision"]]
         ref_path = self.scratch / "reference.py"
         ref_path.write_text(msg["problem_code"])
@@ -201,8 +203,10 @@ class Runner:
         return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
-        reference = msg.get("target") == "reference"
+        reference = msg.get("target") in ("reference", "harness")
         model = self.ref_model if reference else self.model
+        if msg.get("target") == "harness" and model is not None:  # a pristine spare's harness alone (probe_check.py)
+            model = self._held_reference
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
@@ -230,6 +234,14 @@ class Runner:
             if collecting:
                 gc.enable()
 
+    def _held_reference(self, *inputs: Any) -> Any:
+        """The reference's outputs of the first harness call, returned again as they are: the call's window then
+        holds the harness's GPU work alone (building inputs, copying outputs out), no forward."""
+        if self.harness_outputs is None:
+            with torch.no_grad():
+                self.harness_outputs = self.ref_model(*inputs)
+        return self.harness_outputs
+
     def _respond(self, msg: dict[str, Any], model: Any, inputs: list[Any], pristine: Any, timed: bool) -> None:
         """The call itself and its "done". On a timed call the garbage collector waits until "done" is sent: a
         collection of the forward's garbage right after it (the Triton interpreter leaves much) fell outside the
@@ -240,6 +252,7 @@ class Runner:
             if timed and msg.get("probe") and self.device.type == "cuda":
                 (out, event_ms, host_ms), shield_ms = probe_call(model, inputs, self.device,
                                                                  shield=msg.get("target") == "reference")
+                shield_ms = shield_ms if msg.get("target") == "reference" else None
             elif timed:
                 out, event_ms, host_ms = timed_call(model, inputs, self.device, self.flusher)
             else:

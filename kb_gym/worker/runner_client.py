@@ -321,8 +321,8 @@ class RunnerProcess:
         forward is traced (dataflow.py) and the reply carries the runner's report. ``marks``: a timed call of the
         probe clock's pass (probe_check.py): the runner neither flushes nor (but for the reference) shields, and
         ``marks()`` is read right before the seed is sent and once the outputs are the judge's (``CallReply.window``):
-        for whole outputs, when they are here, decoded and copied (so the runner hashes nothing: what it computes
-        until then is in the window), for drawn chunks when "done" arrives (the chunks' hashes commit it)."""
+        whole outputs received, decoded and copied (the runner hashes nothing: what it computes until then is in the
+        window), or the drawn chunks received (their hashes, sent with "done", commit the whole)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
@@ -335,8 +335,7 @@ class RunnerProcess:
                     "digest": "none" if whole_probe else "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
-        after = marks() if marks is not None and not whole_probe else None  # never raises: None if the probe failed
-        window = (before, after) if before is not None and after is not None else None
+        window = None  # the probe's marks: the second once the outputs are the judge's (never raises)
         if msg.get("type") == "error":
             status = str(msg.get("status", "runtime_error"))
             raise StageError(status if status in ("runtime_error", "incorrect", "compile_error") else "runtime_error",
@@ -347,15 +346,15 @@ class RunnerProcess:
             launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
-                return self._reply(msg, envelope, self._sampled(msg, nonce, chunk_bytes, timeout), window)
+                sampled = self._sampled(msg, nonce, chunk_bytes, timeout)
+                if marks is not None:
+                    window = self._window(before, marks)
+                return self._reply(msg, envelope, sampled, window)
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
             if whole_probe:
-                if self.torch_device.type == "cuda":
-                    torch.cuda.synchronize(self.torch_device)
-                after = marks()
-                window = (before, after) if before is not None and after is not None else None
+                window = self._window(before, marks)
             committed = None if whole_probe else commitment(tensors, nonce, self.device_digest)
             if msg.get("payload_via") in ("shm", "device"):
                 self._note_payload("copy_out", t_out)
@@ -427,6 +426,14 @@ class RunnerProcess:
                                  flags=("tampering",))
             outputs.append(flat[0] if reply.structure == "tensor" and per == 1 else tuple(flat))
         return outputs
+
+    def _window(self, before: int | None, marks: Callable[[], int | None]) -> tuple[int, int] | None:
+        """The probe's window around a call, closed now that its outputs are the judge's (and the judge's own
+        copies of them done on the device)."""
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+        after = marks()
+        return (before, after) if before is not None and after is not None else None
 
     @staticmethod
     def _reply(msg: dict[str, Any], envelope: float, outputs: Any, window: tuple[int, int] | None = None) -> CallReply:
