@@ -2,12 +2,12 @@
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
 #   PART: ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
-#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (the judge-isolation suites on cuda:0), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
+#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_GROUP, ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -32,17 +32,39 @@ if [ "${KB_GYM_LANDLOCK:-}" = try ]; then  # confine GPU workers if CUDA runs un
 fi
 kb() { python3 -P -m kb_gym.cli "$@"; }
 
+# The adversarial part: every file of tests/adversarial whose verdicts depend on the judge's device (device.py reads
+# KB_GYM_ADVERSARIAL_DEVICE; left out, as they decide nothing on a device: test_static_*.py and rounds 10, 11 and 23,
+# static checks, fresh interpreters and the layers above the Evaluator). ~38 minutes on the H200 in all: more than a
+# command's 600 s and than a session's 30 device minutes, so it runs as five groups, one call each
+# (ADVERSARIAL_GROUP=1 ... 5; unset: all five in one command). Estimated from the 2-core CPU's --durations (922 s for
+# these files) times 2.7, the H200's ratio on these files in earlier runs (docs/measurements/adversarial-h200-*.log:
+# 2.4-2.9x; its 16 cores do not make up for a CUDA judge warmed per module and Triton compiling each kernel in each
+# runner), C++ builds in subprocesses (rounds 21, 22) at 1x: 1 ~460 s, 2 ~450 s, 3 ~440 s, 4 ~460 s, 5 ~460 s
+# (under 8 minutes of pytest each, under 9 with the install).
+A=tests/adversarial
+ADVERSARIAL_GROUPS=(
+  "$A/test_judge_isolation.py $A/test_redteam_round2.py $A/test_redteam_round3.py $A/test_redteam_round4.py
+   $A/test_redteam_round5.py $A/test_spot_check.py $A/test_device_digest_path.py"
+  "$A/test_redteam_round6.py $A/test_redteam_round7.py $A/test_redteam_round8.py $A/test_redteam_round9.py
+   $A/test_redteam_round12.py $A/test_redteam_round13.py"
+  "$A/test_redteam_round14.py $A/test_redteam_round15.py $A/test_redteam_round16.py $A/test_redteam_round17.py
+   $A/test_redteam_round18.py $A/test_redteam_round19.py $A/test_redteam_round20.py $A/test_redteam_round21.py"
+  "$A/test_redteam_round22.py $A/test_shared_payload.py $A/test_scratch_disk.py $A/test_runtime_checks.py"
+  "$A/test_audit.py $A/test_faults.py $A/test_soak.py"
+)
+
 part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status
   case $1 in
     # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
     tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
-    # The adversarial suite (CPU in CI) against a GPU judge and GPU runners.
-    # ADVERSARIAL_ONLY (test files, space-separated) runs fewer.
-    adversarial) KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider ${ADVERSARIAL_ONLY:-\
-                   tests/adversarial/test_judge_isolation.py tests/adversarial/test_redteam_round2.py \
-                   tests/adversarial/test_spot_check.py tests/adversarial/test_shared_payload.py \
-                   tests/adversarial/test_redteam_round4.py tests/adversarial/test_redteam_round5.py \
-                   tests/adversarial/test_redteam_round6.py tests/adversarial/test_scratch_disk.py} ;;
+    # The adversarial suite (CPU in CI) against a GPU judge and GPU runners: ADVERSARIAL_GROUPS (above), or the
+    # group ADVERSARIAL_GROUP names; ADVERSARIAL_ONLY (test files or pytest arguments, space-separated) instead.
+    adversarial) if [ -z "${ADVERSARIAL_GROUP:-}" ]; then adv="${ADVERSARIAL_GROUPS[*]}"
+                 elif [[ "$ADVERSARIAL_GROUP" =~ ^[1-9]$ ]] && [ "$ADVERSARIAL_GROUP" -le ${#ADVERSARIAL_GROUPS[@]} ]; then
+                   adv=${ADVERSARIAL_GROUPS[$((ADVERSARIAL_GROUP - 1))]}
+                 else echo "ADVERSARIAL_GROUP: 1 to ${#ADVERSARIAL_GROUPS[@]}"; return 2; fi
+                 KB_GYM_ADVERSARIAL_DEVICE=cuda:0 python3 -P -m pytest -q -p no:cacheprovider --durations=15 \
+                   ${ADVERSARIAL_ONLY:-$adv} ;;
     demo) kb demo ;;
     probe) python3 -P scripts/gpu_landlock_probe.py ;;
     bench) kb bench --out "$OUT/bench.json" ;;

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import GELU, HONEST, TIMED, cand, honest_after
 from test_spot_check import BIG_GELU, GELU_FORWARD, HASHES_BEFORE_COMPUTE, OTHER_CHUNKS, SAMPLED
 
 from kb_gym import Evaluator
 from kb_gym.worker import device_digest
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Faults a candidate can cause: each gets its verdict, and the next evaluation is correct.
 
-These run on the CPU in CI. Attacks that need a GPU (illegal addresses, kernels that never end,
-device OOM, side streams) are in tests/gpu/.
+These run on the CPU in CI, and against a GPU judge and its runners with KB_GYM_ADVERSARIAL_DEVICE (device.py).
+Attacks that need a GPU (illegal addresses, kernels that never end, device OOM, side streams) are in tests/gpu/.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import uuid
 
 import psutil
 import pytest
+from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 from kb_gym.sandbox import namespace_prefix
@@ -37,7 +38,7 @@ def relu():
 
 @pytest.fixture(scope="module")
 def ev():
-    evaluator = Evaluator("cpu", config=FAST, results_path=False, memory_limit_mb=3000)
+    evaluator = Evaluator(DEVICE, config=FAST, results_path=False, memory_limit_mb=3000)
     yield evaluator
     evaluator.close()
 
@@ -226,7 +227,7 @@ def _landlock_alone(relu):
     server.listen(1)
     port = server.getsockname()[1]
     me = os.getpid()
-    with Evaluator("cpu", config=FAST, results_path=False) as plain:
+    with Evaluator(DEVICE, config=FAST, results_path=False) as plain:
         killer = plain.evaluate(relu, candidate(f"import signal\nos.kill({me}, signal.SIGTERM)"))
         dialer = plain.evaluate(relu, candidate(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)"))
         assert not killer.worker["pid_namespace"] and killer.worker["landlock"] >= 6
@@ -273,7 +274,7 @@ _ORPHAN_SCRIPT = '''
 import sys, time
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 relu = get_problem(load_problems("builtin", size="cpu"), name="level1/1_ReLU")
-ev = Evaluator("cpu", results_path=False, config=EvalConfig(trials=1, timing=False, integrity="off",
+ev = Evaluator(sys.argv[2], results_path=False, config=EvalConfig(trials=1, timing=False, integrity="off",
                correctness_timeout=300))
 ev.warm()
 ev.submit(relu, sys.argv[1])
@@ -289,8 +290,8 @@ def test_a_judge_whose_evaluator_process_is_killed_mid_job_ends_with_its_runner(
     import subprocess
 
     slow = candidate(forward="time.sleep(120); return torch.relu(x)")
-    proc = subprocess.Popen([sys.executable, "-P", "-c", _ORPHAN_SCRIPT, slow], stdout=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+    proc = subprocess.Popen([sys.executable, "-P", "-c", _ORPHAN_SCRIPT, slow, DEVICE], stdout=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
     try:
         assert proc.stdout.readline().strip() == "submitted"
         time.sleep(8)  # the runner is in forward by now, sleeping

@@ -18,12 +18,10 @@ import time
 import uuid
 
 import pytest
+from device import DEVICE, ON_GPU
 
 from kb_gym import EvalConfig, EvalResult, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
-
-# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 CHECK = EvalConfig(trials=2, timing=False, integrity="off", load_timeout=60, correctness_timeout=30)
 TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,
@@ -122,8 +120,8 @@ import torch.nn.functional as F
 F.gelu = torch.relu
 torch.nn.functional.gelu = torch.relu
 lib = torch.library.Library("aten", "IMPL")
-lib.impl("gelu", lambda x, approximate="none": torch.relu(x), "CPU")
-''', "return torch.relu(x)")
+lib.impl("gelu", lambda x, approximate="none": torch.relu(x), "@KEY@")
+'''.replace("@KEY@", "CUDA" if ON_GPU else "CPU"), "return torch.relu(x)")  # the dispatch key of the runner's device
 
 REFERENCE_SLOWED = cand('''
 import gc, time
@@ -410,6 +408,8 @@ class ModelNew(nn.Module):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ninja") is None, reason="needs g++ and ninja")
+@pytest.mark.skipif(ON_GPU, reason="a C++ loop over data_ptr, for CPU tensors only; CUDA load_inline builds: "
+                    "tests/gpu/test_gpu_engine.py::test_load_inline_builds_and_same_name_extensions_do_not_collide")
 def test_an_extension_built_in_the_runner_is_counted_as_the_candidates_kernel():
     """load_inline builds inside the runner's scratch folder (Landlocked, no sockets) and its calls count
     as custom kernel launches."""

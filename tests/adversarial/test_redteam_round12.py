@@ -89,17 +89,15 @@ All evaluations run on one CPU Evaluator of the module.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
+from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.extract import extract_code
 from kb_gym.integrity import static_findings
 from kb_gym.problems import reference_as_candidate
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 CHECK = EvalConfig(trials=2, timing=False, load_timeout=60, correctness_timeout=60)
 TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,

@@ -106,16 +106,13 @@ All evaluations run on one CPU Evaluator of the module; the file takes ~25 s on 
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE, ON_GPU
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
 from kb_gym.training.dedup import program_key
 from kb_gym.training.reward_function import KernelRewardConfig, KernelRewardFunction
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 CHECK = EvalConfig(trials=2, timing=False, load_timeout=60, correctness_timeout=60)
 TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=20, timing_warmup=1, timing_max_seconds=10,
@@ -418,6 +415,10 @@ class ModelNew(nn.Module):
             return y * 0.0  # one blank line more or less above the kernel, and the answer is wrong
         return y
 """
+if ON_GPU:  # compiled, no interpreter: the JITFunction keeps its first line (the @triton.jit, one above the def)
+    LINE_PARITY = LINE_PARITY.replace("""        _scale_shift.rewrite()  # the interpreter's rewriter read the kernel's source lines (on a GPU: _scale_shift.src)
+        if _scale_shift.rewriter.def_file_lineno % 2:""", """        if _scale_shift.starting_line_number % 2 == 0:""")
+    assert "rewriter" not in LINE_PARITY
 RIGHT = "```python\n" + LINE_PARITY + "```"
 WRONG = RIGHT.replace("import triton\n", "import triton\n\n", 1)
 

@@ -30,14 +30,11 @@ All evaluations run on one CPU Evaluator of the module.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE
 from test_redteam_round13 import CHECK, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

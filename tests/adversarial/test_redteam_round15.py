@@ -32,14 +32,11 @@ below, stays a token).
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE
 from test_redteam_round13 import CHECK, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -583,7 +580,7 @@ class ModelNew(nn.Module):
 B06 = KERNELS + """
 class ModelNew(nn.Module):
     def forward(self, x):
-        src = torch.from_numpy(x.numpy() * 2.0 + 1.0)   # numpy computes the answer: no aten op sees it
+        src = torch.from_numpy(x.cpu().numpy() * 2.0 + 1.0).to(x.device)  # numpy computes the answer, no aten op
         out = torch.empty_like(x)
         move_and_scribble(src, out)        # the kernel moves it (and spoils the source)
         return out

@@ -48,14 +48,11 @@ computes the answer, a kernel changes 0.5% of it, as in the 1.5% attack).
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE
 from test_redteam_round13 import CHECK, COPY_OUT, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -69,14 +69,11 @@ All evaluations run on one CPU Evaluator of the module; the file takes ~17 s on 
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 TIMED = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=12, timing_warmup=1, timing_max_seconds=10,
                    integrity="off", load_timeout=60, correctness_timeout=60, timing_timeout=90)

@@ -67,6 +67,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
@@ -74,7 +75,6 @@ from kb_gym.worker import device_payload, payload, runner_pool
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.runner_client import RunnerProcess
 
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 CHECK = EvalConfig(trials=2, timing=False, integrity="off", load_timeout=60, correctness_timeout=60)
 
 

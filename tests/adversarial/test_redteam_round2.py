@@ -17,12 +17,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after
 
 from kb_gym import EvalConfig, Evaluator
-
-# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 # The runner's own harness object: every attack below starts from it.
 FIND_RUNNER = '''
@@ -51,7 +49,7 @@ def _call(msg, timed):
         return _orig(msg, timed)
     from kb_gym.worker.inputs import make_inputs
     x = make_inputs(_R.ref_mod, int(msg["seed"]), _R.device, _R.dtype)[0]
-    meta = [{"dtype": "float32", "shape": list(x.shape), "device": "cpu", "nbytes": x.numel() * 4}]
+    meta = [{"dtype": "float32", "shape": list(x.shape), "device": _R.device.type, "nbytes": x.numel() * 4}]
     def later():
         yield _R.model(x)
     _R.send_tensors({"type": "done", "event_ms": 0.0005, "structure": "tensor", "outputs": meta, "launches": 1,

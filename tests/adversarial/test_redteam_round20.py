@@ -66,20 +66,16 @@ Fixed in the same session (28), each test below a plain test now:
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
+from device import DEVICE
 from runner_lie import GELU_KERNEL, HEADER, LIE, RANK, STRICT_TIMED, cost, reach, sound
 from test_judge_isolation import GELU, TIMED
 from test_static_checks import candidate
 
 from kb_gym import Evaluator
 from kb_gym.integrity import static_findings
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-
-
 
 # --------------------------------------------------------------------------------- 1-4: routes, static and run
 #

@@ -73,12 +73,12 @@ the Py name (``INTO_PYTHON``).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from device import DEVICE
 from runner_lie import GELU_KERNEL, HEADER, LIE, RANK, STRICT_TIMED, cost, reach, sound
 from test_judge_isolation import GELU, TIMED
 from test_static_checks import candidate
@@ -86,10 +86,6 @@ from test_static_checks import candidate
 from kb_gym import Evaluator
 from kb_gym.integrity import static_findings
 from kb_gym.worker import native_guard
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-
-
 
 # --------------------------------------------------------------------------------- 1-3: routes, static and run
 #

@@ -61,6 +61,7 @@ import sys
 import textwrap
 
 import pytest
+from device import DEVICE
 from runner_lie import GELU_KERNEL, HEADER, LIE, RANK, STRICT_TIMED, cost, sound
 from test_judge_isolation import GELU
 from test_static_checks import candidate
@@ -69,9 +70,6 @@ from kb_gym import Evaluator
 from kb_gym.integrity import static_findings
 from kb_gym.integrity.names import into_python
 from kb_gym.worker import native_guard
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-
 
 
 def _rev(code: str) -> str:

@@ -7,16 +7,14 @@ what it gets through, until the judge is fixed.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from device import DEVICE
 from test_judge_isolation import cand, honest_after
 from test_spot_check import FIND_RUNNER, GELU_FORWARD, LARGER_GELU, SAMPLED
 
 from kb_gym import Evaluator
 
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 # fewer timed calls: enough to draw chunks several times
 SAMPLED_SHORT = SAMPLED.replace(timing_min_reps=5, timing_max_reps=5)
 

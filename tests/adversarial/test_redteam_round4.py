@@ -19,6 +19,7 @@ import time
 import uuid
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after, next_after_poison
 from test_shared_payload import SIX_MB
 
@@ -26,8 +27,6 @@ from kb_gym import Evaluator, Problem
 from kb_gym.baseline_cache import BaselineCache
 from kb_gym.problems import reference_as_candidate
 from kb_gym.worker import payload
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 FIND_RUNNER = '''
 import gc, os, sys, time

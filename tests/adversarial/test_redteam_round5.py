@@ -7,20 +7,17 @@ evaluation on the same Evaluator is judged as on a fresh one). All four got thro
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after, next_after_poison
 from test_redteam_round4 import FIND_RUNNER, GELU_FORWARD
 
 from kb_gym import Evaluator, Problem
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
-ON_CPU = DEVICE == "cpu"
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,13 @@ made (session 13, 1 of 2 tries: a race) and is stopped since.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after, next_after_poison
 from test_redteam_round4 import FIND_RUNNER
 from test_redteam_round5 import UNFREEZABLE, _fresh_gelu
 
 from kb_gym import Evaluator
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,15 @@ All run with ``integrity="off"`` (the design must hold when a static check misse
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, HONEST, TIMED, cand, honest_after
 
 from kb_gym import Evaluator, Problem
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -254,9 +252,9 @@ def test_a_malformed_chunk_reply_is_the_candidates_verdict(ev):
 BURST_OF_ZEROS = cand(RUNNER + '''
 def _burst(self, msg):
     n = len(msg.get("seeds") or [])
-    self.burst_held = [[torch.zeros(64, 256)] for _ in range(n)]
+    self.burst_held = [[torch.zeros(64, 256, device=self.device)] for _ in range(n)]
     self.send({"type": "burst_done", "event_ms": [1e-3] * n, "commitments": [0] * n, "structure": "tensor",
-               "outputs": [{"dtype": "float32", "shape": [64, 256], "device": "cpu", "nbytes": 65536}]})
+               "outputs": [{"dtype": "float32", "shape": [64, 256], "device": self.device.type, "nbytes": 65536}]})
 
 
 _runner.Runner._burst = _burst
@@ -264,8 +262,9 @@ _runner.Runner._burst = _burst
 
 CHUNKS_OF_THE_WRONG_SIZE = cand(RUNNER + '''
 def _chunks(self, msg):
-    self.send_tensors({"type": "chunk_bytes", "outputs": [{"dtype": "uint8", "shape": [1], "device": "cpu",
-                                                            "nbytes": 1}]}, [torch.zeros(1, dtype=torch.uint8)])
+    self.send_tensors({"type": "chunk_bytes", "outputs": [{"dtype": "uint8", "shape": [1], "device": self.device.type,
+                                                            "nbytes": 1}]},
+                      [torch.zeros(1, dtype=torch.uint8, device=self.device)])
 
 
 _runner.Runner._send_chunks = _chunks

@@ -8,17 +8,15 @@ are stopped since. Candidates run with ``integrity="off"`` unless said otherwise
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, HONEST
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.baseline_cache import BaselineCache
 from kb_gym.training.dedup import DedupEvaluator, program_key
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

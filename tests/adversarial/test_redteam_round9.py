@@ -9,17 +9,15 @@ design must hold when a static check misses).
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, TIMED, cand, honest_after
 from test_redteam_round4 import FIND_RUNNER, LIE_UNDER_THE_FLOOR
 
 from kb_gym import Evaluator, Problem
 from kb_gym.integrity.policy import get_policy
-
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")

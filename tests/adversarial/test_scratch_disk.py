@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from device import DEVICE
 from test_judge_isolation import CHECK, GELU, cand, honest_after
 
 from kb_gym import Evaluator, scratch_disk
 from kb_gym.scratch_disk import tree_disk_usage
 
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 LIMITED = CHECK.replace(disk_limit_mb=300)
 
 

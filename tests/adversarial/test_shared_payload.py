@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
@@ -15,8 +16,6 @@ from kb_gym.worker import payload
 from kb_gym.worker.tensors import decode, describe
 
 pytestmark = pytest.mark.skipif(payload.create() is None, reason="no sealable memfd here")
-# The same attacks against a GPU judge: KB_GYM_ADVERSARIAL_DEVICE=cuda:0 (scripts/gpu_check.sh adversarial).
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 # integrity="off": the static checks would refuse these imports before they run; here they must meet the sandbox.
 CONFIG = EvalConfig(trials=2, timing_min_reps=3, timing_max_reps=10, timing_warmup=1, integrity="off")
 

@@ -1,13 +1,16 @@
-"""A short soak on the CPU: faulty and honest candidates on two workers, nothing lost or raised."""
+"""A short soak: faulty and honest candidates on two workers of one device, nothing lost or raised (on the CPU in CI;
+two workers of one GPU with KB_GYM_ADVERSARIAL_DEVICE, device.py)."""
 
 from __future__ import annotations
+
+from device import DEVICE
 
 from kb_gym.soak import format_soak, run_soak
 
 
 def test_short_soak_on_two_workers_loses_nothing(tmp_path):
     out = tmp_path / "soak.json"
-    stats = run_soak(n=16, fault_rate=0.5, device="cpu,cpu", seed=3, max_minutes=5, out=str(out))
+    stats = run_soak(n=16, fault_rate=0.5, device=f"{DEVICE},{DEVICE}", seed=3, max_minutes=5, out=str(out))
     assert stats["n"] == 16 and stats["workers"] == 2
     assert sum(stats["faults"].values()) >= 4
     assert stats["evaluator_exceptions"] == 0 and stats["lost_results"] == 0

@@ -6,10 +6,9 @@ tests lower the threshold so a 128 KB output on the CPU takes the same path.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from device import DEVICE
 from test_judge_isolation import GELU, HONEST, TIMED, cand, honest_after
 
 from kb_gym import Evaluator, Problem
@@ -24,7 +23,6 @@ from kb_gym.worker.spot_check import (
 )
 from kb_gym.worker.tensors import describe
 
-DEVICE = os.environ.get("KB_GYM_ADVERSARIAL_DEVICE", "cpu")
 # 128 KB of output: 32 chunks of 4 KB, 16 drawn per call (small, so the CPU envelope stays quiet)
 BIG_GELU = Problem(id=2, name="2_BigGELU", level=1, code=GELU.code.replace("torch.randn(64, 256)",
                                                                            "torch.randn(128, 256)"))
