@@ -2,11 +2,8 @@
 
 The probe check holds a short claim (under ``MAX_CLAIM_MS``) to what a pristine probe process saw of the runner's GPU
 time: the spare's windows give the harness's share, the candidate's windows less that share its forward. Here the
-device is simulated as in ``tests/test_probe_check.py`` (copied, not imported): a timeline in nanoseconds where
-another context's GPU work is a gap in the probe's record (one gap a burst, ~2 us of switch each), host-only time (the
-CPU, a pipe, a copy engine) no gap at all, and work past a time slice shares the GPU with the spinning probe (the
-probe's own slices are no gap, while the other context's events keep running: docs/benchmarks.md 0v, a 2.7 ms matmul
-read 7.5 ms beside the probe with 3.35 ms of gaps).
+device is simulated (``probe_sim.py``: another context's GPU work is a gap in the probe's record, host-only time none,
+work past a time slice shares the GPU with the spinning probe).
 
 Each test asserts the verdict a sound judge gives. What still gets through is ``xfail(strict=True)`` with a line on
 how; what holds is a plain test that pins it. The pass (a helper's, session 29) found 11 ways through and 3 bounded
@@ -20,179 +17,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from probe_sim import Device, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401 - a fixture
 
 from kb_gym.worker import probe_check, probe_clock
 from kb_gym.worker.loading import StageError
-from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError
-from kb_gym.worker.runner_replies import CallReply
+from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.timing import Calibration, PairedTiming, Side
-
-SWITCH_NS = 2_000
-
-
-# --- the simulated device, probe and runners ---------------------------------------------------------------------
-
-class Device:
-    """The GPU as the probe sees it: a clock in nanoseconds and the gaps other contexts left in its readings."""
-
-    def __init__(self) -> None:
-        self.now = 10**9
-        self.gaps: list[tuple[int, int]] = []
-        self.spinning = False
-        self.until: int | None = None  # the spinning kernel stops by itself here (probe_clock.MAX_PASS_S)
-        self.queued_ms = 0.0  # work a stopped runner left queued: it runs once the probe has read the clock
-        self.delayed_ms = 0.0  # a stopped runner's work queued behind copy-engine copies: it reaches the SMs later
-        self.neighbour_ms = 0.0  # another judge's loading runner: this much GPU work right after every mark
-
-    def _gap(self, start: int, end: int) -> None:
-        if self.spinning and (self.until is None or start < self.until):
-            self.gaps.append((start, end))
-
-    def busy(self, ms_pieces: list[float], idle_ns: int = 5_000) -> None:
-        """Another context runs these pieces of work, the host leaving ``idle_ns`` between them."""
-        for ms in ms_pieces:
-            self.now += idle_ns
-            start = self.now
-            self.now += int(ms * 1e6) + SWITCH_NS
-            self._gap(start, self.now)
-
-    def host(self, ms: float) -> None:
-        """Time that is no SM work of any context: the CPU, a pipe, a copy engine's transfer."""
-        self.now += int(ms * 1e6)
-
-    def sliced(self, ms: float, slice_ms: float = 2.0, switch_ms: float = 0.2) -> float:
-        """One context's ``ms`` of work beside the spinning probe: past a time slice the probe gets a slice of its own
-        (no gap) and each switch costs ~0.2 ms (H200). Returns the wall time the work took."""
-        t0, left = self.now, ms
-        while left > 0:
-            run = min(left, slice_ms)
-            start = self.now
-            self.now += int((run + switch_ms) * 1e6)
-            self._gap(start, self.now)
-            left -= run
-            if left > 0:
-                self.now += int(slice_ms * 1e6)
-        return (self.now - t0) / 1e6
-
-
-class FakeProbe:
-    """ProbeClock's interface over the simulated device, with its real limits: a pass of more than MAX_GAPS gaps is
-    an error (``overflow``), the spinning kernel stops MAX_PASS_S after it starts, a note makes it unusable."""
-
-    def __init__(self, device: Device) -> None:
-        self.device, self.note, self.running = device, "", False
-        self.passes = 0
-
-    @property
-    def usable(self) -> bool:
-        return not self.note
-
-    def wait_ready(self, timeout: float = 0.0) -> bool:
-        return self.usable
-
-    def mark(self) -> int:
-        self.device.now += 30_000  # a round trip to the probe process
-        now = self.device.now
-        if self.device.queued_ms:
-            self.device.busy([self.device.queued_ms], idle_ns=0)
-            self.device.queued_ms = 0.0
-        if self.device.neighbour_ms:
-            self.device.busy([self.device.neighbour_ms], idle_ns=0)
-        return now
-
-    def start(self) -> None:
-        self.device.spinning, self.device.gaps = True, []
-        self.device.until = self.device.now + int(probe_clock.MAX_PASS_S * 1e9)
-        self.running = True
-        self.passes += 1
-
-    def stop(self) -> list[tuple[int, int]]:
-        self.running = False
-        self.device.spinning = False
-        if len(self.device.gaps) > probe_clock.MAX_GAPS:
-            raise PassVoid(f"more than {probe_clock.MAX_GAPS} gaps in one pass")
-        if self.device.now > self.device.until:
-            raise PassVoid("the pass outlived the probe's kernel")
-        return list(self.device.gaps)
-
-    @contextlib.contextmanager
-    def spinning(self):
-        self.start()
-        try:
-            yield self
-        finally:
-            if self.running and self.usable:
-                with contextlib.suppress(ProbeError):
-                    self.stop()
-
-
-class FakeRunner:
-    """A runner whose probe calls take ``harness`` ms of GPU work around a forward of ``forward`` ms (in ``pieces``
-    kernels reaching the GPU one by one, or behind a 1 ms shield for the reference), reporting ``claim`` ms.
-    ``queued``: GPU work (ms) it leaves queued at each freeze, in turn."""
-
-    def __init__(self, device: Device, forward: float, claim: float | None = None, pieces: int = 1,
-                 harness: float = 0.05, queued: tuple[float, ...] = (), wrong: bool = False) -> None:
-        self.device, self.forward, self.claim, self.pieces = device, forward, claim, pieces
-        self.harness, self.queued, self.wrong = harness, queued, wrong
-        self.frozen_count = 0
-        self.calls = 0
-
-    @contextlib.contextmanager
-    def frozen(self):
-        self.frozen_count += 1
-        if self.queued:
-            self.device.queued_ms = self.queued[min(self.frozen_count, len(self.queued)) - 1]
-        yield True
-
-    def reference_span(self) -> tuple[float, float]:
-        """The spare's shield and forward, back to back: (event ms, shield ms) as its events read them."""
-        self.device.busy([1.0 + self.forward], idle_ns=0)
-        return self.forward, 1.0
-
-    def candidate_forward(self) -> None:
-        self.device.busy([self.forward / self.pieces] * self.pieces)
-
-    def harness_only(self) -> None:
-        """What a harness-only call does beyond the harness (nothing, in a pristine spare)."""
-
-    def call(self, seed: int, *, timeout: float, timed: bool, target: str, marks, byte_limit: int = 0,
-             chunk_bytes: int = 0, widen: bool = False) -> CallReply:
-        self.calls += 1
-        before = marks()
-        self.device.busy([self.harness / 2])  # inputs built
-        if target == "reference":
-            event, shield = self.reference_span()
-        elif target == "harness":  # the spare's harness alone: its held outputs copied out, no forward
-            self.harness_only()
-            event, shield = self.forward, None
-        else:
-            self.candidate_forward()
-            event, shield = self.forward if self.claim is None else self.claim, None
-        self.device.busy([self.harness / 2])  # outputs copied out
-        after = marks()
-        out = torch.full((4,), float(seed % 1000) + (1.0 if self.wrong else 0.0))
-        return CallReply(outputs=out, event_ms=event, window=(before, after), shield_ms=shield)
-
-
-def timing_claiming(ms: float) -> PairedTiming:
-    cand = Side(event_ms=[ms] * 10, envelope_ms=[ms + 3.0] * 10)
-    return PairedTiming(Side(event_ms=[1.0] * 10), cand, 10, 0.1, Calibration(3.0, 0.05), "cuda")
-
-
-def judge(probe, runner, spare, timing, timeout=lambda: 60.0, shares=None) -> PairedTiming:
-    probe_check.confirm(probe, runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
-                        lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
-                        torch.device("cuda"), {}, timeout, shares, "problem")
-    return timing
-
-
-@pytest.fixture(autouse=True)
-def _no_gpu_sync(monkeypatch):
-    monkeypatch.setattr(probe_check.torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(probe_check, "RETRY_WAIT_S", 0.0)
-
 
 # --- (a) holes: each asserts the verdict a sound judge gives ------------------------------------------------------
 
