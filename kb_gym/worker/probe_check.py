@@ -229,8 +229,15 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                     targets = ["reference"] + ["harness"] * SPARE_CALLS
                     for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True):
                         spare_replies.append(timed(pristine, seed, target))
-                except StageError as exc:  # the spare's failure is not the candidate's, nor is it a pass
-                    return f"the spare failed beside the candidate: {exc.message[:200]}"
+                except StageError as exc:
+                    # The stage's time spent (or a spare call slowed past its limit by work the candidate left
+                    # queued) is the candidate's timeout. Out of its device's memory, a pristine spare was starved by
+                    # the candidate's runner (it holds what it took): the pass is void. Any other failure is the
+                    # judge's own, and says so.
+                    if exc.status == "timeout":
+                        raise
+                    why = f"the spare failed beside the candidate: {exc.message[:200]}"
+                    return why if "out of memory" in exc.message.lower() else _Skip(why)
                 after = probe.mark()
             for j, seed in enumerate(fresh_seeds(CALLS)):
                 reply = timed(runner, seed, "candidate")

@@ -171,6 +171,10 @@ def test_a_runner_takes_the_judges_marks_around_a_probe_call(tmp_path):
         assert tuple(reply.outputs.shape) == (64, 64) and bool((reply.outputs >= 0).all())
         plain = runner.call(8, timeout=60, byte_limit=1 << 30, timed=True, target="reference")
         assert plain.window is None
+        # the harness alone: the reference's outputs of its first such call, returned again for any seed
+        first = runner.call(9, timeout=60, byte_limit=1 << 30, timed=True, target="harness", marks=lambda: next(ticks))
+        again = runner.call(10, timeout=60, byte_limit=1 << 30, timed=True, target="harness", marks=lambda: next(ticks))
+        assert torch.equal(first.outputs, again.outputs) and again.window == (104, 105)
     finally:
         pool.close()
 
