@@ -212,7 +212,7 @@ def _probe_note(r: Any) -> str:
         return f" probe skipped ({probe['skipped'][:80]})"
     return (f" probe {probe['forward_ms']:.4f}/{probe['claimed_ms']:.4f} ms gaps {probe['gaps']:.0f}"
             f"/{probe['spare_gaps']:.0f} tol {probe['tolerance_ms']:.4f}"
-            + (f" CHARGED {probe['charged_ms']:.4f} restless {probe['restless_ms']:.3f}" if probe["counted"] else ""))
+            + (f" CHARGED {probe['charged_ms']:.4f} {probe.get('unverified', '')}" if probe["counted"] else ""))
 
 
 def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kernelbench_way_too: bool = True,

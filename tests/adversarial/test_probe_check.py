@@ -91,9 +91,9 @@ def test_no_probe_is_reported_not_charged():
 
 
 def test_the_reading_weighs_the_spares_spread():
-    cand = [Window(0.15, 3, 0.4)] * 8
-    calm = read_probe(0.1, cand, [Window(0.05, 3, 0.3)] * 5)
-    noisy = read_probe(0.1, cand, [Window(b, 3, 0.3) for b in (0.03, 0.05, 0.07, 0.05, 0.09)])
+    cand = [Window(0.09, 3, 0.4)] * 8
+    calm = read_probe(0.01, cand, [Window(0.05, 3, 0.3)] * 5)
+    noisy = read_probe(0.01, cand, [Window(b, 3, 0.3) for b in (0.03, 0.05, 0.07, 0.05, 0.09)])
     assert not calm.counted and calm.tolerance_ms == pytest.approx(probe_check.FLOOR_MS)
     assert noisy.tolerance_ms == pytest.approx(3 * 0.02)
     assert isinstance(calm, ProbeReading) and calm.to_dict()["counted"] is False

@@ -286,13 +286,13 @@ def test_a_cheaper_harness_hides_at_most_the_spares_harness_gpu_time():
     # The spare's window holds the harness's GPU work as a pristine runner does it (inputs cast to fp16/bf16 by
     # inputs.place, widened inputs' randn_like * 3, the device buffer's copies); a candidate's runner may fuse the cast
     # or the * 3 into its kernel and send its outputs through the memfd (copy engine, no gap). What it hides is that
-    # difference (here 0.1 ms of a 0.15 ms harness), never more.
+    # difference (here 0.1 ms of a 0.15 ms harness) and the tolerance (the claim itself, or 0.05 ms), never more.
     dev = Device()
     spare = FakeRunner(dev, 0.5, harness=0.15)
     hides = judge(FakeProbe(dev), FakeRunner(dev, 0.3, claim=0.2, harness=0.05), spare, timing_claiming(0.2))
     assert not hides.probe.counted, hides.probe
-    beyond = judge(FakeProbe(dev), FakeRunner(dev, 0.3, claim=0.1, harness=0.05), spare, timing_claiming(0.1))
-    assert beyond.probe.counted and beyond.probe.charged_ms == pytest.approx(0.1, abs=0.01), beyond.probe
+    beyond = judge(FakeProbe(dev), FakeRunner(dev, 0.3, claim=0.01, harness=0.05), spare, timing_claiming(0.01))
+    assert beyond.probe.counted and beyond.probe.charged_ms == pytest.approx(0.19, abs=0.01), beyond.probe
 
 
 # --- (c) holds: pinned -------------------------------------------------------------------------------------------

@@ -92,14 +92,15 @@ class ModelNew(nn.Module):
 # 1 us claim in 4 of 6 tries (charged to ~0.06 ms a forward, 2.7-3x, side_stream): the harness's share of a burst
 # (building inputs, committing outputs) is larger and noisier than the forward. This test turns it on; on the H200
 # (session 19, KB_GYM_ADVERSARIAL_DEVICE=cuda:0) the lie got through with it on too (docs/benchmarks.md 0n), so the
-# check stays off by default. On a GPU the probe check (worker/probe_check.py, session 29, on by default) holds the
+# check stays off by default. On a GPU the probe check (worker/probe_check.py, session 29; on here) holds the
 # claim to the runner's GPU time as a pristine probe process sees it: there the lie must not get through; on the CPU
 # (no GPU time slices to read) the hole stays open.
 @pytest.mark.xfail(DEVICE == "cpu", strict=False, reason="round 4 on the CPU: a reported event time under the "
                    "envelope's tolerance gets through unless the burst check catches it (4 of 6 tries), 56-200x for "
                    "eager GELU")
 def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
-    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict", burst_check=True))
+    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict", burst_check=True,
+                                                                     probe_check=True))
     honest_after(ev, TIMED)
     assert r.status == "correct", (r.status, r.error)  # its outputs are right: only its time is a lie
     assert r.speedup < 1.5 or not r.speed_credit or "side_stream" in r.flags, (

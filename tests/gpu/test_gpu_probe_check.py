@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 # integrity "off": the liar reaches the runner's module table without a static check standing in its way; what is
 # tested is the clock, not the checks in front of it
-CONFIG = EvalConfig(trials=3, timing_min_reps=5, timing_max_reps=20, timing_warmup=2, integrity="off")
+CONFIG = EvalConfig(trials=3, timing_min_reps=5, timing_max_reps=20, timing_warmup=2, integrity="off", probe_check=True)
 
 RELU = Problem(id=19, name="19_ReLU_probe", level=1, code='''import torch
 class Model(torch.nn.Module):
@@ -105,7 +105,9 @@ def test_the_probe_sees_another_processs_kernel(tmp_path):
         busy = sorted(busy_in(gaps, t0, t1)[0] for t0, t1, _ in seen)[2]
         idle = max(busy_in(gaps, t1, t2)[0] for _, t1, t2 in seen)
         want = sorted(alone)[2]
-        assert 0.9 * want < busy < 1.3 * want + 0.02, (busy, want, gaps[:6])
+        # never less than the kernel's own GPU time; more by what the context holds the GPU for idle (H200: a 0.365
+        # ms matmul read 0.64 ms, docs/benchmarks.md 0w)
+        assert 0.9 * want < busy < 2.5 * want + 0.5, (busy, want, gaps[:6])
         assert idle < 0.02, (idle, gaps[:6])
     finally:
         probe.close()
