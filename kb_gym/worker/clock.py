@@ -90,7 +90,7 @@ def timed_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
 
 
 def probe_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
-               shield: bool) -> tuple[TimedCall, float]:
+               shield: bool) -> tuple[TimedCall, float | None]:
     """A timed call of the probe clock's pass (probe_check.py), and the launch shield's own device time. No cache
     flush: in the candidate's runner its GPU time would be the runner's to skip, and what the probe sees must hold
     nothing the candidate could leave out. The shield only where the judge asks for it (a pristine spare, whose
@@ -108,4 +108,5 @@ def probe_call(fn: Callable[..., Any], inputs: list[Any], device: torch.device,
         host = (_perf_counter() - t0) * 1e3
         marks[2].record()
         torch.cuda.synchronize(device)
-        return TimedCall(out, marks[1].elapsed_time(marks[2]), host), marks[0].elapsed_time(marks[1])
+        shield_ms = marks[0].elapsed_time(marks[1]) if shield else None
+        return TimedCall(out, marks[1].elapsed_time(marks[2]), host), shield_ms

@@ -58,10 +58,7 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
     runner frozen meanwhile. The spare stays pristine (it ran the reference only) and is handed to the
     next candidate as usual. Reused for the same problem for CALIBRATION_TTL_S. None where no spare
     could measure it: the envelope is then reported, not charged."""
-    cfg = job["config"]
-    tf32 = bool(cfg.get("tf32", False))
-    # the path a call takes (whole outputs or chunks) is part of its overhead, and so is building widened inputs
-    key = (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], tf32, chunk_bytes, widen)
+    key = path_key(job, chunk_bytes, widen)
     adopt_calibration(ctx, key, job.get("calibrations"))
     kept = ctx.calibrations.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
@@ -89,6 +86,14 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
                                               "spread_ms": calibration.spread_ms,
                                               "measured_at": calibration.measured_at})
     return calibration
+
+
+def path_key(job: dict[str, Any], chunk_bytes: int, widen: bool) -> tuple[Any, ...]:
+    """What a problem's per-call harness readings are kept by (the calibration, the probe's harness share): the
+    problem and its numerics, and the path a call takes (whole outputs or chunks, widened inputs built or not)."""
+    cfg = job["config"]
+    return (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], bool(cfg.get("tf32", False)),
+            chunk_bytes, widen)
 
 
 def shareable(calibration: Calibration, device_kind: str) -> bool:
@@ -179,16 +184,15 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                           if widen else check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
                           call_timeout)
-        if runner is not None and cfg.get("probe_check", True):
-            spare = probe_check.spare_source(ctx, job, lambda: deadline - time.monotonic(), prepare_spare)
+        if runner is not None and cfg.get("probe_check"):
+            spare = LazySpare(ctx, job, deadline, lambda: deadline - time.monotonic())
             began = time.perf_counter()
             probe_check.confirm(
-                ctx.probe, runner, spare, timing,
+                ctx.probe, runner, spare.get, timing,
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
                 check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
                                     "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout,
-                ctx.harness_shares, (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"],
-                                     bool(cfg.get("tf32", False)), state.get("chunk_bytes", 0), widen))
+                ctx.harness_shares, path_key(job, state.get("chunk_bytes", 0), widen))
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
@@ -213,28 +217,46 @@ def prepare_spare(ctx: WorkerContext, job: dict[str, Any], spare: RunnerProcess,
     return True
 
 
+class LazySpare:
+    """The pristine spare, prepared with the reference on first use, for the checks after the loop (the burst's
+    harness share, the probe's passes); None from then on once it failed: the spare's failure is not the
+    candidate's. ``timeout()``: what its preparation may take."""
+
+    def __init__(self, ctx: WorkerContext, job: dict[str, Any], deadline: float,
+                 timeout: Callable[[], float]) -> None:
+        self.ctx, self.job, self.deadline, self.timeout = ctx, job, deadline, timeout
+        self.spare: RunnerProcess | None = None
+        self.failed = ctx.pool is None
+
+    def get(self) -> RunnerProcess | None:
+        if self.failed:
+            return None
+        if self.spare is None:
+            spare = self.ctx.pool.pristine(timeout=max(1.0, 0.25 * (self.deadline - time.monotonic())))
+            if spare is None or not prepare_spare(self.ctx, self.job, spare, self.timeout()):
+                self.failed = True
+                return None
+            self.spare = spare
+        return self.spare
+
+
 def spare_share(ctx: WorkerContext, job: dict[str, Any], runner: RunnerProcess, deadline: float,
                 timeout: Callable[[], float]) -> Callable[[int], float | None]:
     """What ``burst.confirm`` reads before each of the candidate's bursts: the harness's share of a K-forward burst
     on the reference in the pristine spare (prepared once), with the candidate's tree stopped as for the per-call
     calibration (spare_calibration). None from then on once the spare fails: the burst then charges nothing."""
-    held: dict[str, Any] = {"spare": None, "failed": ctx.pool is None}
+    spare = LazySpare(ctx, job, deadline, timeout)
 
     def read(forwards: int) -> float | None:
-        if held["failed"]:
+        pristine = spare.get()
+        if pristine is None:
             return None
-        if held["spare"] is None:
-            spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
-            if spare is None or not prepare_spare(ctx, job, spare, timeout()):
-                held["failed"] = True
-                return None
-            held["spare"] = spare
         with runner.frozen():  # the candidate's verdict if its tree will not stop, as for the per-call calibration
             try:
-                reply = held["spare"].burst(burst.fresh_seeds(forwards), timeout=timeout(), target="reference")
+                reply = pristine.burst(burst.fresh_seeds(forwards), timeout=timeout(), target="reference")
             except StageError:
                 ctx.pool.discard_spare()
-                held["failed"] = True
+                spare.failed = True
                 return None
         return burst.harness_share(reply)
 

@@ -38,6 +38,7 @@ as the runner's work: docs/integrity.md, Open), and a claim of MAX_CLAIM_MS or m
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,12 +100,7 @@ class ProbeReading:
         return self.charged_ms > 0 or bool(self.unverified)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "claimed_ms": self.claimed_ms, "forward_ms": self.forward_ms,
-                "harness_ms": self.harness_ms, "harness_spread_ms": self.harness_spread_ms, "gaps": self.gaps,
-                "spare_gaps": self.spare_gaps, "tolerance_ms": self.tolerance_ms, "wall_ms": self.wall_ms,
-                "wall_tolerance_ms": self.wall_tolerance_ms, "passes": self.passes, "charged_ms": self.charged_ms,
-                "by_wall": self.by_wall, "unverified": self.unverified, "voids": self.voids,
-                "counted": self.counted}
+        return {**dataclasses.asdict(self), "counted": self.counted}
 
 
 @dataclass
@@ -273,21 +269,3 @@ def _window(gaps: list[tuple[int, int]], window: tuple[int, int]) -> Window:
     busy, n = busy_in(gaps, *window)
     return Window(busy, n, (window[1] - window[0]) / 1e6)
 
-
-def spare_source(ctx: Any, job: dict[str, Any], deadline_left: Callable[[], float],
-                 prepare: Callable[..., bool]) -> Callable[[], RunnerProcess | None]:
-    """The pristine spare for the probe's passes, prepared with the reference once (None where it failed)."""
-    held: dict[str, Any] = {"spare": None, "failed": ctx.pool is None}
-
-    def get() -> RunnerProcess | None:
-        if held["failed"]:
-            return None
-        if held["spare"] is None:
-            spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * deadline_left()))
-            if spare is None or not prepare(ctx, job, spare, deadline_left()):
-                held["failed"] = True
-                return None
-            held["spare"] = spare
-        return held["spare"]
-
-    return get

@@ -62,7 +62,7 @@ class ProbeClock:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-P", "-m", "kb_gym.worker.probe_clock", device], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=False)
+            stdout=subprocess.PIPE, stderr=self._log, env=env)
         self._ready = False
 
     @property
@@ -118,8 +118,8 @@ class ProbeClock:
         try:
             yield self
         finally:
-            if self.running and self.usable:
-                with contextlib.suppress(ProbeError):
+            if self.running and self.usable:  # an error on the way: what the pass saw is dropped, the error stands
+                with contextlib.suppress(ProbeError, PassVoid):
                     self.stop()
 
     def close(self) -> None:

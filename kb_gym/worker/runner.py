@@ -252,7 +252,6 @@ class Runner:
             if timed and msg.get("probe") and self.device.type == "cuda":
                 (out, event_ms, host_ms), shield_ms = probe_call(model, inputs, self.device,
                                                                  shield=msg.get("target") == "reference")
-                shield_ms = shield_ms if msg.get("target") == "reference" else None
             elif timed:
                 out, event_ms, host_ms = timed_call(model, inputs, self.device, self.flusher)
             else:
@@ -272,8 +271,8 @@ class Runner:
             nonce = int(msg.get("nonce", 0))
             if chunk_bytes:
                 hashes, digest = chunk_hashes(flat, nonce, chunk_bytes, on_device), None
-            elif timed and msg.get("probe") and msg.get("digest") == "none":
-                hashes, digest = None, None  # the probe's window runs until the judge holds the outputs
+            elif msg.get("digest") == "none":  # a probe call: its window runs until the judge holds the outputs
+                hashes, digest = None, None
             else:
                 hashes, digest = None, commitment(flat, nonce, on_device)
         except (TypeError, ValueError) as exc:

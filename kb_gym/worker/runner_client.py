@@ -353,12 +353,11 @@ class RunnerProcess:
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
-            if whole_probe:
-                window = self._window(before, marks)
-            committed = None if whole_probe else commitment(tensors, nonce, self.device_digest)
             if msg.get("payload_via") in ("shm", "device"):
                 self._note_payload("copy_out", t_out)
-            if not whole_probe and committed != msg.get("commitment"):
+            if whole_probe:
+                window = self._window(before, marks)
+            elif commitment(tensors, nonce, self.device_digest) != msg.get("commitment"):
                 raise StageError("incorrect", "the outputs the runner sent are not the ones it had committed to "
                                  "when it reported the call done: its time did not cover computing them",
                                  flags=("tampering",))
