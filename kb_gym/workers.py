@@ -19,6 +19,7 @@ from kb_gym.device_lock import DeviceLock
 from kb_gym.host_memory import tree_memory_bytes
 from kb_gym.scratch_disk import tree_disk_usage
 from kb_gym.store import cache_dir
+from kb_gym.worker.process import cpu_malloc_env
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -149,7 +150,8 @@ class WorkerHandle:
         if self.device == "cpu":
             # One intra-op thread, as in its runners (runner_start.runner_env): the judge's OpenMP pool
             # must not spin on the cores its runner's call needs right after.
-            env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+            env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                       **cpu_malloc_env())
         else:
             env.pop("TRITON_INTERPRET", None)  # a caller's interpreter setting must not reach a GPU worker
         env.setdefault("KB_GYM_EXTENSIONS_DIR", str(extensions_dir()))

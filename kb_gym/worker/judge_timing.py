@@ -84,6 +84,8 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
         if reuse and shareable(calibration, ctx.device.type):  # for the evaluator to pass to the device's other judges
             ctx.measured_calibrations.append({"key": list(key), "overhead_ms": calibration.overhead_ms,
                                               "spread_ms": calibration.spread_ms,
+                                              "cpu_overhead_ms": calibration.cpu_overhead_ms,
+                                              "cpu_spread_ms": calibration.cpu_spread_ms,
                                               "measured_at": calibration.measured_at})
     return calibration
 
@@ -117,7 +119,10 @@ def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> 
             if tuple(entry["key"]) != key:
                 continue
             measured = float(entry["measured_at"])
-            calibration = Calibration(float(entry["overhead_ms"]), float(entry["spread_ms"]), measured)
+            cpu = entry.get("cpu_overhead_ms")
+            calibration = Calibration(float(entry["overhead_ms"]), float(entry["spread_ms"]), measured,
+                                      cpu_overhead_ms=None if cpu is None else float(cpu),
+                                      cpu_spread_ms=float(entry.get("cpu_spread_ms") or 0.0))
         except (KeyError, TypeError, ValueError):
             continue
         kept = ctx.calibrations.get(key)
@@ -278,8 +283,11 @@ def second_opinion(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mo
     first = timing.calibration
     if fresh is None or first is None:
         return
+    cpu = [c.cpu_overhead_ms for c in (first, fresh) if c.cpu_overhead_ms is not None]
     timing.calibration = Calibration(max(first.overhead_ms, fresh.overhead_ms), max(first.spread_ms, fresh.spread_ms),
-                                     min(first.measured_at, fresh.measured_at))
+                                     min(first.measured_at, fresh.measured_at),
+                                     cpu_overhead_ms=max(cpu) if len(cpu) == 2 else None,
+                                     cpu_spread_ms=max(first.cpu_spread_ms, fresh.cpu_spread_ms))
     timing.second_calibration = True
 
 
@@ -323,8 +331,11 @@ def timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: 
         result["baseline_cached"] = True
     if envelope is not None:
         result.setdefault("correctness", {})["envelope"] = envelope
-        if envelope["counted"] and "side_stream" not in result["flags"]:
+        cpu = envelope.get("cpu_clock") or {}
+        if (envelope["counted"] or cpu.get("counted")) and "side_stream" not in result["flags"]:
             result["flags"].append("side_stream")
+        if cpu.get("unverified") and "unverified_timing" not in result["flags"]:
+            result["flags"].append("unverified_timing")
         charged = envelope.get("burst") or {}
         flag = "launch_bound" if charged.get("launch_bound") else "side_stream"
         if charged.get("counted") and flag not in result["flags"]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache, device_digest, device_payload, header_diet, launch_shim, payload
+from kb_gym.worker import build_cache, cpu_clock, device_digest, device_payload, header_diet, launch_shim, payload
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import (
@@ -83,6 +83,9 @@ class RunnerProcess:
         self.torch_device = torch.device(device)
         self.info: dict[str, Any] = {}
         self.rtt_ms = 0.0
+        # timed calls on the CPU read the tree's CPU time from the kernel where KB_GYM_CPU_CLOCK=1 (cpu_clock.py;
+        # off by default: honest candidates were charged, docs/integrity.md round 25)
+        self.cpu_clock = self.torch_device.type == "cpu" and cpu_clock.enabled()
         self.stage = "load"
         self.started = time.monotonic()
         self.started_wall = time.time()  # the runner's "ready" carries its own wall clock (one host)
@@ -328,6 +331,7 @@ class RunnerProcess:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
         whole_probe = marks is not None and not (timed and chunk_bytes)
         before = marks() if marks is not None else None
+        cpu_before = cpu_clock.settled(self.pid) if timed and self.cpu_clock else None
         t0 = time.perf_counter()
         self._send({"type": "timed" if timed else "call", "seed": seed, "widen": widen, "probe": marks is not None,
                     "check_mutation": check_mutation, "target": target, "nonce": nonce, "knockout": knockout,
@@ -335,6 +339,7 @@ class RunnerProcess:
                     "digest": "none" if whole_probe else "device" if self.device_digest else "host"})
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
+        cpu = None  # the tree's CPU time: read once the outputs are here and the runner is idle again
         window = None  # the probe's marks: the second once the outputs are the judge's (never raises)
         if msg.get("type") == "error":
             status = str(msg.get("status", "runtime_error"))
@@ -349,8 +354,12 @@ class RunnerProcess:
                 sampled = self._sampled(msg, nonce, chunk_bytes, timeout)
                 if marks is not None:
                     window = self._window(before, marks)
-                return self._reply(msg, envelope, sampled, window)
+                if cpu_before is not None:
+                    cpu = cpu_clock.window(cpu_before, cpu_clock.settled(self.pid))
+                return self._reply(msg, envelope, sampled, window, cpu)
             data, into = self._payload(msg, nbytes, timeout, reuse=True)
+            if cpu_before is not None:
+                cpu = cpu_clock.window(cpu_before, cpu_clock.settled(self.pid))
             t_out = time.perf_counter()
             tensors = decode(msg["outputs"], data, self.torch_device)  # copies: the bytes cannot change after
             if msg.get("payload_via") in ("shm", "device"):
@@ -367,7 +376,7 @@ class RunnerProcess:
             raise self._died(str(exc)) from None
         del data, into
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
-        return self._reply(msg, envelope, outputs, window)
+        return self._reply(msg, envelope, outputs, window, cpu)
 
     def burst(self, seeds: list[int], *, timeout: float, target: str = "candidate") -> BurstReply:
         """Forwards back to back, one per seed (runner.Runner._burst), under the judge's clock; the outputs stay
@@ -435,7 +444,8 @@ class RunnerProcess:
         return (before, after) if before is not None and after is not None else None
 
     @staticmethod
-    def _reply(msg: dict[str, Any], envelope: float, outputs: Any, window: tuple[int, int] | None = None) -> CallReply:
+    def _reply(msg: dict[str, Any], envelope: float, outputs: Any, window: tuple[int, int] | None = None,
+               cpu: cpu_clock.Window | None = None) -> CallReply:
         return CallReply(outputs=outputs, event_ms=finite_ms(msg.get("event_ms")),
                          host_ms=finite_ms(msg.get("host_ms")), envelope_ms=envelope,
                          launches=launch_count(msg.get("launches")),
@@ -443,7 +453,7 @@ class RunnerProcess:
                              msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")),
                          dataflow=dataflow_report(msg.get("dataflow")), window=window,
-                         shield_ms=finite_ms(msg.get("shield_ms")))
+                         shield_ms=finite_ms(msg.get("shield_ms")), cpu=cpu)
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
         """After "done": draw chunks, ask for them, check each against the hash "done" carried."""

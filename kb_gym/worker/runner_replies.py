@@ -28,6 +28,7 @@ class CallReply:
     dataflow: dict[str, Any] | None = None  # a traced call's report (dataflow.py), as the runner says
     window: tuple[int, int] | None = None  # the probe clock's marks around the call (probe_check.py): the judge's own
     shield_ms: float | None = None  # a probe pass's launch shield, as the runner says: believed from a spare only
+    cpu: Any = None  # cpu_clock.Window: the runner tree's CPU time in a timed call on the CPU, as the kernel counts it
 
 
 @dataclass

@@ -59,7 +59,8 @@ def runner_env(device: str, scratch: Path) -> dict[str, str]:
     if device == "cpu":
         # One intra-op thread on both sides of a CPU timing: two processes' OpenMP pools would otherwise
         # spin against each other on a few cores (a 10 us ReLU measured 2.7 ms in the runner).
-        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                   **process.cpu_malloc_env())
     if sandbox.namespace_prefix():
         env["KB_GYM_RUNNER_PRIVATE_SHM"] = "1"
     env[process.ENV_HOST_IPC] = process.host_ipc_namespace()  # a runner in a namespace of its own caps SysV there

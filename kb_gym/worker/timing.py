@@ -44,6 +44,13 @@ ENVELOPE_FLOOR_MS = {"cuda": 0.3, "cpu": 3.0}
 SPREAD_FACTOR = 4.0  # x the median absolute deviation of the pristine runner's own per-call overhead
 # A share of that overhead itself: building multi-GB inputs on a loaded CPU drifts by more than its spread.
 OVERHEAD_SHARE = {"cuda": 0.02, "cpu": 0.1}
+# The CPU clock (cpu_clock.py): the runner tree's CPU time in a call, less the harness's (calibrated on a pristine
+# runner), is held to the claim. CPU time does not grow with a loaded host, as the envelope does, so its tolerance
+# is far tighter: a share of the claim, a floor, and the calibration's own spread. The share covers the harness's
+# work after a forward that left the caches colder than the reference's did: an honest erf-GELU on 512 x 1024 read
+# 0.24 ms (19% of its 1.27 ms) over the spare's harness, which ran after a 0.31 ms native GELU (round 25).
+CPU_CLOCK_SHARE = 0.25
+CPU_CLOCK_FLOOR_MS = 0.05
 
 
 def fresh_seed() -> int:
@@ -61,6 +68,10 @@ class Calibration:
     # time.monotonic() when measured: a problem's calibration is kept for its next candidates (job.py), and its age
     # in a result says whether this evaluation measured its own or was judged against one measured before
     measured_at: float = field(default_factory=time.monotonic, compare=False)
+    # the harness's CPU time in a call (a pristine runner's heaviest thread less its event: cpu_clock.Window) and its
+    # spread; None: not measured (a GPU, or a call the kernel's accounting could not vouch for)
+    cpu_overhead_ms: float | None = None
+    cpu_spread_ms: float = 0.0
 
 
 @dataclass
@@ -68,6 +79,8 @@ class Side:
     event_ms: list[float] = field(default_factory=list)
     envelope_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)  # host time inside the call (launching its work)
+    cpu: list[Any] = field(default_factory=list)  # cpu_clock.Window of each timed call the kernel vouched for
+    cpu_void: int = 0  # timed calls whose CPU time the kernel's accounting could not vouch for (Window.unaccounted)
 
 
 @dataclass
@@ -114,10 +127,39 @@ class PairedTiming:
         """The candidate's envelope shows work its events did not cover (counted only when calibrated)."""
         return self.calibration is not None and bool(self.cand.event_ms) and self.excess_ms() > self.tolerance_ms()
 
+    def cpu_excess_ms(self) -> float | None:
+        """Median over calls of the tree's CPU floor beyond the claim and the harness's share (cpu_clock.py); None
+        where not read (a GPU, an uncalibrated loop) or where one call could not be vouched for."""
+        cal = self.calibration
+        if (cal is None or cal.cpu_overhead_ms is None or self.cand.cpu_void
+                or len(self.cand.cpu) != len(self.cand.event_ms) or not self.cand.event_ms):
+            return None
+        return median_ci([w.floor_ms(cal.cpu_overhead_ms) - e
+                          for w, e in zip(self.cand.cpu, self.cand.event_ms, strict=True)])[0]
+
+    def cpu_tolerance_ms(self) -> float:
+        cal = self.calibration or Calibration(0.0, 0.0)
+        med_events = median_ci(self.cand.event_ms)[0] if self.cand.event_ms else 0.0
+        return max(CPU_CLOCK_SHARE * med_events, CPU_CLOCK_FLOOR_MS, SPREAD_FACTOR * cal.cpu_spread_ms)
+
+    def cpu_counted(self) -> bool:
+        """The tree's CPU time shows work the claim did not cover."""
+        excess = self.cpu_excess_ms()
+        return excess is not None and excess > self.cpu_tolerance_ms()
+
+    def cpu_unverified(self) -> bool:
+        """A calibrated CPU loop with a timed call the kernel's accounting could not vouch for (a task made and gone
+        inside it): its claim stands unconfirmed."""
+        cal = self.calibration
+        return cal is not None and cal.cpu_overhead_ms is not None and self.cand.cpu_void > 0
+
     def charged_ms(self) -> list[float]:
-        """The candidate's time per timed call: its events, plus the envelope's excess where that was counted,
-        plus the burst's and the probe's charges where they showed its forwards cost more than it claimed."""
-        extra = (self.excess_ms() if self.hidden_work() else 0.0) + (self.burst.charged_ms if self.burst else 0.0)
+        """The candidate's time per timed call: its events, plus the envelope's or the CPU clock's excess (the
+        larger, where counted: both see the same hidden work), plus the burst's and the probe's charges where they
+        showed its forwards cost more than it claimed."""
+        extra = max(self.excess_ms() if self.hidden_work() else 0.0,
+                    (self.cpu_excess_ms() or 0.0) if self.cpu_counted() else 0.0)
+        extra += self.burst.charged_ms if self.burst else 0.0
         extra += self.probe.charged_ms if self.probe else 0.0
         return [c + extra for c in self.cand.event_ms]
 
@@ -148,10 +190,23 @@ class PairedTiming:
                              "calibration_age_s": (time.monotonic() - self.calibration.measured_at
                                                    if self.calibration else None),
                              "second_calibration": self.second_calibration, "retimed": self.retimed,
+                             "cpu_clock": self._cpu_summary(),
                              "burst": self.burst.to_dict() if self.burst else None,
                              "probe": (self.probe.to_dict() if self.probe
                                        else {"skipped": self.probe_note} if self.probe_note else None)})
         return out
+
+
+    def _cpu_summary(self) -> dict[str, Any] | None:
+        cal = self.calibration
+        if not self.cand.cpu and not self.cand.cpu_void:
+            return None
+        excess = self.cpu_excess_ms()
+        return {"excess_ms": excess, "tolerance_ms": self.cpu_tolerance_ms(), "counted": self.cpu_counted(),
+                "floor_ms": median_ci([w.floor_ms(cal.cpu_overhead_ms) for w in self.cand.cpu])[0]
+                if self.cand.cpu and cal and cal.cpu_overhead_ms is not None else None,
+                "overhead_ms": cal.cpu_overhead_ms if cal else None, "overhead_spread_ms": cal.cpu_spread_ms if cal
+                else None, "void_calls": self.cand.cpu_void, "unverified": self.cpu_unverified()}
 
 
 def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
@@ -187,7 +242,7 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
     while the runner is pristine, through the very path a candidate's timed call takes and interleaved with
     the judge's baseline calls as in the timing loop (a process woken after the other one ran is slower to
     answer than one called back to back). None when no call reported an event time."""
-    gaps = []
+    gaps, cpu_gaps = [], []
     for k, seed in enumerate(seeds):
         # Frozen while the baseline runs, as the candidate's runner is in the timing loop: a process stopped
         # and continued wakes colder (the H200: a reference copy of a 5 us softmax paid ~0.09 ms more per call
@@ -199,10 +254,14 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
                             chunk_bytes=chunk_bytes, widen=widen)
         if k >= 2 and reply.event_ms is not None:  # the first two warm the path up
             gaps.append(reply.envelope_ms - reply.event_ms)
+            if reply.cpu is not None and not reply.cpu.unaccounted:
+                cpu_gaps.append(reply.cpu.heaviest_thread_ms - reply.event_ms)  # a pristine runner: one thread
     if not gaps:
         return None
     overhead = median_ci(gaps)[0]
-    return Calibration(overhead, median_ci([abs(g - overhead) for g in gaps])[0])
+    cpu = median_ci(cpu_gaps)[0] if len(cpu_gaps) == len(gaps) else None
+    return Calibration(overhead, median_ci([abs(g - overhead) for g in gaps])[0], cpu_overhead_ms=cpu,
+                       cpu_spread_ms=median_ci([abs(g - cpu) for g in cpu_gaps])[0] if cpu is not None else 0.0)
 
 
 def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: RunnerProcess | None, ref_mod: Any,
@@ -236,6 +295,11 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
             side.envelope_ms.append(reply.envelope_ms)
             if reply.host_ms is not None:
                 side.host_ms.append(reply.host_ms)
+            if reply.cpu is not None:
+                if reply.cpu.unaccounted:
+                    side.cpu_void += 1
+                else:
+                    side.cpu.append(reply.cpu)
         return reply
 
     for _ in range(warmup):

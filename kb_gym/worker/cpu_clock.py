@@ -1,0 +1,179 @@
+"""The CPU time a runner's process tree spent in a call, read by the judge from the kernel's own accounting.
+
+On the CPU device the runner's reported time (its ``perf_counter`` around the forward) is the candidate's word, and
+the judge's envelope around the call can only hold it to within the envelope's tolerance (3 ms on this device:
+the pipe, building inputs, a loaded host). A runner that rewrote its ``timed_call`` to report 1 us kept any kernel
+under that tolerance at 50-200x (round 4). The kernel counts every task's time on a CPU in nanoseconds, whatever the
+task tells anyone, so the judge reads it around each timed call, at the envelope's own marks:
+
+- each process of the runner's tree: its process clock (``clock_gettime`` on ``MAKE_PROCESS_CPUCLOCK(pid)``), which
+  includes the threads that exited since;
+- each live thread: ``/proc/<pid>/task/<tid>/schedstat`` (a task cannot run longer than the wall time it spans);
+- the PID namespace's last PID (the judge is its first process): a task made and gone inside the window is one
+  whose time may be counted nowhere (a child reaped automatically takes its time with it).
+
+What the forward must have taken on the wall clock, at least (``Window.floor_ms``): the heaviest thread's time less
+the harness's share (receiving the seed, building inputs, hashing and sending outputs: calibrated on a pristine
+runner's calls, whose heaviest thread runs harness and forward alone), the next heaviest thread's, the time of
+threads that ran and exited in it, and the tree's whole time less the harness's spread over every CPU of the host.
+That is held to the candidate's claim (timing.PairedTiming.cpu_excess_ms).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from kb_gym.sandbox import descendants
+
+_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+ENV_SWITCH = "KB_GYM_CPU_CLOCK"
+SETTLE_CAP_S = 0.02  # how long a reading waits for the tree to stop running (settled)
+
+
+def enabled() -> bool:
+    """Off by default (KB_GYM_CPU_CLOCK=1 turns it on): across processes the harness's CPU time per call varied by
+    up to 2 ms on 2 MB tensors on a 2-core host, so honest candidates were charged (round 25)."""
+    return os.environ.get(ENV_SWITCH) == "1"
+
+
+def _process_cpu_ns(pid: int) -> int | None:
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    except (OSError, OverflowError):
+        return None
+
+
+def _thread_cpu_ns(pid: int, tid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _minor_faults(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[7])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _last_pid() -> int | None:
+    """The last PID handed out, where the judge is its PID namespace's first process (the count is then the
+    judge's, its runners' and its spares' alone); None elsewhere."""
+    if os.getpid() != 1:
+        return None
+    try:
+        with open(_LAST_PID, "rb") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    processes: dict[int, int]  # pid -> the process's CPU ns so far
+    threads: dict[int, int]  # tid -> the thread's CPU ns so far
+    last_pid: int | None
+    minor_faults: int = 0  # the tree's page faults so far (their kernel time is the tree's CPU time too)
+
+
+def snapshot(root: int) -> Snapshot:
+    """Every process and thread of ``root``'s tree now (about 10 us a thread)."""
+    processes, threads, faults = {}, {}, 0
+    for pid in [root, *(descendants(root) or [])]:
+        ns = _process_cpu_ns(pid)
+        if ns is None:
+            continue
+        processes[pid] = ns
+        faults += _minor_faults(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            t = _thread_cpu_ns(pid, tid)
+            if t is not None:
+                threads[int(tid)] = t
+    return Snapshot(processes, threads, _last_pid(), faults)
+
+
+def _running(pid: int, tid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"R"
+    except (OSError, IndexError):
+        return False
+
+
+def settled(root: int, cap_s: float = SETTLE_CAP_S) -> Snapshot:
+    """A snapshot once no thread of the tree is running or runnable, or after ``cap_s``: a runner goes on after the
+    judge has its outputs (freeing them, its held-back garbage collection), and a reading taken in the middle of
+    that splits the same work between two calls unevenly (the harness's share then spread 0.35-1.4 ms a call on a
+    2 MB output here, against ~0.05 ms settled). Work that never stops is read at the cap, and counted."""
+    deadline = time.monotonic() + cap_s
+    while time.monotonic() < deadline:
+        pids = [root, *(descendants(root) or [])]
+        busy = False
+        for pid in pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            if any(_running(pid, tid) for tid in tids):
+                busy = True
+                break
+        if not busy:
+            break
+        time.sleep(0.0001)
+    return snapshot(root)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The tree's CPU time between two snapshots."""
+
+    total_ms: float  # every process of the tree, exited threads included
+    heaviest_thread_ms: float  # the live thread that ran longest: the harness's own, in a runner that is as built
+    other_threads_ms: float  # the live thread that ran longest after it
+    exited_threads_ms: float  # what threads that exited in the window ran (a process clock less its live threads)
+    # a task made and gone in the window (its time may be counted nowhere), or a process of the tree gone
+    unaccounted: bool
+    cpus: int
+    minor_faults: int = 0
+
+    def floor_ms(self, harness_ms: float = 0.0) -> float:
+        """The least wall time the window's work took beyond ``harness_ms`` of the harness's own work: no thread
+        runs longer than the wall, and the harness runs on the heaviest thread (where it does not, that thread's
+        time beyond the harness's share is still read, and the harness's is counted again on another: the
+        candidate's loss); threads that exited are taken as one (they may have run side by side: the candidate's
+        loss too), and no tree runs on more CPUs than the host has."""
+        return max(self.heaviest_thread_ms - harness_ms, self.other_threads_ms, self.exited_threads_ms,
+                   (self.total_ms - harness_ms) / max(1, self.cpus))
+
+
+def window(before: Snapshot, after: Snapshot, cpus: int | None = None) -> Window:
+    total = sum(ns - before.processes.get(pid, 0) for pid, ns in after.processes.items())
+    deltas = {tid: ns - before.threads.get(tid, 0) for tid, ns in after.threads.items()}
+    exited = max(0, total - sum(deltas.values()))
+    gone = any(pid not in after.processes for pid in before.processes)
+    heaviest = sorted(deltas.values(), reverse=True) + [0, 0]
+    return Window(total_ms=total / 1e6, heaviest_thread_ms=heaviest[0] / 1e6, other_threads_ms=heaviest[1] / 1e6,
+                  exited_threads_ms=exited / 1e6, unaccounted=gone or _made_and_gone(before, after),
+                  cpus=cpus or os.cpu_count() or 1, minor_faults=after.minor_faults - before.minor_faults)
+
+
+def _made_and_gone(before: Snapshot, after: Snapshot) -> bool:
+    """Whether a task was made in the window and is gone at its end (PIDs are handed out in order within the
+    namespace; a wrap counts as such a task: the reading proves nothing then)."""
+    if before.last_pid is None or after.last_pid is None:
+        return False  # no namespace of the judge's own: not read (docs/integrity.md, round 25)
+    if after.last_pid < before.last_pid:
+        return True
+    live = set(after.threads) | set(after.processes)
+    # /proc/<tid> answers for any live task of the namespace, a thread of another process too (the judge's own)
+    return any(p not in live and not os.path.exists(f"/proc/{p}") for p in range(before.last_pid + 1,
+                                                                                  after.last_pid + 1))

@@ -1,0 +1,225 @@
+"""Red team, round 25: the CPU clock (kb_gym/worker/cpu_clock.py), round 4's time lie on the CPU device.
+
+The lie: the runner's ``timed_call`` rewritten to report 1 us (round 4's ``LIE_UNDER_THE_FLOOR``, run with
+``integrity="off"``: the design must hold when a static check misses). Before the CPU clock, a forward under the
+envelope's 3 ms floor could claim any time on the CPU. Now the judge reads the runner tree's CPU time from the
+kernel around every timed call, and what that says the forward took at least (less the harness's share, calibrated
+on a pristine runner) is held to the claim. Each attack below moves the work somewhere else the kernel counts:
+
+- the main thread (round 4 as it was);
+- a helper thread that lives across calls, the main thread sleeping while it works (the longest thread);
+- a fresh thread per call that exits before "done" (the process clock keeps an exited thread's time);
+- a child process that lives across calls and computes the answer into shared memory (the tree's processes);
+- a child forked per call that computes the answer and is gone before "done": its time may be counted nowhere
+  (reaped, it moves to its parent's tick-counted totals; reaped automatically, it is lost), so the call cannot be
+  vouched for: ``unverified_timing``, no speed credit under ``strict`` (so is a thread made and gone in a call:
+  a PID says nothing of what it was).
+
+The problem is GELU on 512 x 1024 (about 2-4 ms a forward on this CPU): under the old 3 ms floor, so each of these
+got 100-1000x before. Every attack must come out charged to within 1.5x of the honest time or ``unverified_timing``.
+
+Not yet held, and why the clock is off by default (``KB_GYM_CPU_CLOCK=1`` turns it on; this file does): the harness's
+share is calibrated in another process, and on 2 MB tensors on this 2-core host the two differed by 0.3-2 ms a call
+(a ~5 ms harness: building inputs, hashing and sending outputs), so an honest 1.3 ms forward was charged in about one
+evaluation of three (the xfail below). Page faults were the first cause found: a fresh spare faulted ~1,000 times a
+call where a runner after its trials faulted none (~1 ms of CPU time); with the clock on, both sides keep their freed
+memory (process.CPU_MALLOC_ENV) and fault only in their first calls. What remains is not yet explained.
+"""
+
+from __future__ import annotations
+
+import pytest
+from device import ON_GPU
+from test_judge_isolation import TIMED
+from test_redteam_round4 import LIE_UNDER_THE_FLOOR
+
+from kb_gym import Evaluator, Problem
+from kb_gym.worker import cpu_clock
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="the CPU clock reads CPU time: a GPU's is the probe check's")
+
+BIG_GELU = Problem(id=1, name="1_GELU_512x1024", level=1, code='''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x)
+
+def get_inputs():
+    return [torch.randn(512, 1024)]
+
+def get_init_inputs():
+    return []
+''')
+
+HONEST = '''
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
+'''
+
+_GELU = "0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))"
+_LIE = LIE_UNDER_THE_FLOOR.split("class ModelNew")[0]
+
+LIE_MAIN_THREAD = LIE_UNDER_THE_FLOOR
+
+LIE_HELPER_THREAD = _LIE + f'''
+import threading, queue
+_jobs, _done = queue.Queue(), queue.Queue()
+
+def _work():
+    while True:
+        x = _jobs.get()
+        _done.put({_GELU})
+
+threading.Thread(target=_work, daemon=True).start()
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _jobs.put(x)
+        return _done.get()
+'''
+
+LIE_THREAD_PER_CALL = _LIE + f'''
+import threading
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        box = []
+        t = threading.Thread(target=lambda: box.append({_GELU}))
+        t.start()
+        t.join()
+        return box[0]
+'''
+
+_SHARED = _LIE + '''
+import mmap, os
+import numpy as np
+
+_N = 512 * 1024
+_buf = mmap.mmap(-1, 2 * _N * 4)  # shared with children: the input, then the answer
+_arr = np.frombuffer(_buf, dtype=np.float32)
+
+def _answer():
+    x = torch.from_numpy(_arr[:_N]).view(512, 1024)
+    torch.from_numpy(_arr[_N:]).view(512, 1024).copy_(@GELU@)
+'''.replace("@GELU@", _GELU)
+
+LIE_CHILD_PROCESS = _SHARED + '''
+_go_r, _go_w = os.pipe()
+_ok_r, _ok_w = os.pipe()
+if os.fork() == 0:
+    while os.read(_go_r, 1):
+        _answer()
+        os.write(_ok_w, b"1")
+    os._exit(0)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _arr[:_N] = x.reshape(-1).numpy()
+        os.write(_go_w, b"1")
+        os.read(_ok_r, 1)
+        return torch.from_numpy(_arr[_N:].copy()).view(512, 1024)
+'''
+
+LIE_CHILD_PER_CALL = _SHARED + '''
+import signal
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the kernel: their time goes nowhere
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _arr[:_N] = x.reshape(-1).numpy()
+        r, w = os.pipe()
+        if os.fork() == 0:
+            _answer()
+            os.write(w, b"1")
+            os._exit(0)
+        os.read(r, 1)
+        os.close(r), os.close(w)
+        return torch.from_numpy(_arr[_N:].copy()).view(512, 1024)
+'''
+
+CONFIG = TIMED.replace(timing_min_reps=10, timing_max_reps=10)
+
+
+@pytest.fixture(scope="module")
+def ev():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cpu_clock.ENV_SWITCH, "1")  # off by default (see the honest case below)
+        with Evaluator("cpu", results_path=False) as e:
+            yield e
+
+
+@pytest.fixture(scope="module")
+def honest_ms(ev):
+    r = ev.evaluate(BIG_GELU, HONEST, config=CONFIG)
+    assert r.status == "correct", (r.status, r.error)
+    return r.runtime_ms
+
+
+@pytest.mark.parametrize("source", [
+    pytest.param(LIE_MAIN_THREAD, id="main_thread"),
+    pytest.param(LIE_HELPER_THREAD, id="helper_thread"),
+    pytest.param(LIE_THREAD_PER_CALL, id="thread_per_call"),
+    pytest.param(LIE_CHILD_PROCESS, id="child_process"),
+    pytest.param(LIE_CHILD_PER_CALL, id="child_per_call"),
+])
+def test_a_false_time_on_the_cpu_is_charged_or_unverified(ev, honest_ms, source):
+    r = ev.evaluate(BIG_GELU, source, config=CONFIG)
+    assert r.status == "correct", (r.status, r.error)  # its outputs are right: only its time is a lie
+    clock = r.correctness["envelope"]["cpu_clock"]
+    if "unverified_timing" in r.flags:  # no speed credit under a policy that denies it (strict: policy.py)
+        assert clock["unverified"] and clock["void_calls"], (r.flags, clock)
+    else:
+        assert clock["counted"] and "side_stream" in r.flags, (r.flags, clock)
+        assert r.runtime_ms > honest_ms / 1.5, (r.runtime_ms, honest_ms, clock)
+
+
+@pytest.mark.xfail(strict=False, reason="open (why the CPU clock is off by default): the harness's CPU time per call "
+                   "differs between a pristine spare and a candidate's runner by 0.3-2 ms on 2 MB tensors on this "
+                   "2-core host (a ~5 ms harness), so an honest 1.3 ms forward read 0.4-2 ms over its claim in about "
+                   "one evaluation of three")
+def test_the_cpu_clock_reads_honest_forwards_as_their_claim(ev):
+    """An honest forward's CPU floor less the harness's share is its claim, within the tolerance, in every one of
+    several evaluations, and no call is void (no task is made and gone inside an honest call)."""
+    for _ in range(3):
+        r = ev.evaluate(BIG_GELU, HONEST, config=CONFIG)
+        clock = r.correctness["envelope"]["cpu_clock"]
+        assert clock["void_calls"] == 0 and clock["excess_ms"] is not None, clock
+        assert not clock["counted"] and set(r.flags) <= {"no_custom_kernel"}, (r.flags, clock)
+
+
+def _snap(processes: dict[int, int], threads: dict[int, int], last_pid: int | None = None) -> cpu_clock.Snapshot:
+    return cpu_clock.Snapshot({p: ms * 1_000_000 for p, ms in processes.items()},
+                              {t: ms * 1_000_000 for t, ms in threads.items()}, last_pid)
+
+
+def test_the_floor_counts_work_wherever_the_kernel_saw_it():
+    """The window's arithmetic: 5 ms of harness on the heaviest thread is taken off; work on a second thread, on
+    threads that exited, or spread over more threads than CPUs is not."""
+    before = _snap({10: 0, 20: 0}, {10: 0, 11: 0, 20: 0}, last_pid=30)
+    alone = cpu_clock.window(before, _snap({10: 6, 20: 0}, {10: 6, 11: 0, 20: 0}, 30), cpus=2)
+    assert alone.floor_ms(5.0) == pytest.approx(1.0) and not alone.unaccounted
+    helper = cpu_clock.window(before, _snap({10: 7, 20: 0}, {10: 5, 11: 2, 20: 0}, 30), cpus=2)
+    assert helper.floor_ms(5.0) == pytest.approx(2.0)  # the main thread waited while a helper worked
+    child = cpu_clock.window(before, _snap({10: 5, 20: 3}, {10: 5, 11: 0, 20: 3}, 30), cpus=2)
+    assert child.floor_ms(5.0) == pytest.approx(3.0)  # a child process of the tree is a thread of it too
+    exited = cpu_clock.window(before, _snap({10: 9, 20: 0}, {10: 5, 11: 0, 20: 0}, 30), cpus=2)
+    assert exited.floor_ms(5.0) == pytest.approx(4.0)  # a process clock keeps its exited threads' time
+    spread = cpu_clock.window(before, _snap({10: 5 + 64 * 1, 20: 0}, {10: 5, 11: 0, 20: 0}, 30), cpus=16)
+    assert spread.floor_ms(5.0) == pytest.approx(64.0)  # exited threads may have run side by side: taken as one
+
+
+def test_a_task_made_and_gone_or_a_process_gone_leaves_the_window_unaccounted(monkeypatch):
+    monkeypatch.setattr(cpu_clock.os.path, "exists", lambda path: False)
+    before = _snap({10: 0}, {10: 0}, last_pid=30)
+    assert not cpu_clock.window(before, _snap({10: 1}, {10: 1}, 30)).unaccounted
+    assert cpu_clock.window(before, _snap({10: 1}, {10: 1}, 31)).unaccounted  # PID 31 made and gone
+    assert not cpu_clock.window(before, _snap({10: 1, 31: 1}, {10: 1, 31: 1}, 31)).unaccounted  # still there
+    assert cpu_clock.window(_snap({10: 0, 20: 0}, {10: 0, 20: 0}, 30), _snap({10: 1}, {10: 1}, 30)).unaccounted
+    # no PID namespace of the judge's own: the count is the host's, not read
+    assert not cpu_clock.window(_snap({10: 0}, {10: 0}), _snap({10: 1}, {10: 1})).unaccounted
