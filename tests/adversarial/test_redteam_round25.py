@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import pytest
 from device import ON_GPU
-from test_judge_isolation import TIMED
+from test_judge_isolation import GELU, HONEST, TIMED
 from test_redteam_round4 import LIE_UNDER_THE_FLOOR
 
 from kb_gym import Evaluator, Problem
@@ -38,29 +38,10 @@ from kb_gym.worker import cpu_clock
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the CPU clock reads CPU time: a GPU's is the probe check's")
 
-BIG_GELU = Problem(id=1, name="1_GELU_512x1024", level=1, code='''
-import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.nn.functional.gelu(x)
-
-def get_inputs():
-    return [torch.randn(512, 1024)]
-
-def get_init_inputs():
-    return []
-''')
-
-HONEST = '''
-import torch
-import torch.nn as nn
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))
-'''
+GELU_INPUT = "torch.randn(64, 256)"
+assert GELU_INPUT in GELU.code  # the round-4 problem, 32x larger: a forward over the old 3 ms floor
+BIG_GELU = Problem(id=1, name="1_GELU_512x1024", level=1,
+                   code=GELU.code.replace(GELU_INPUT, "torch.randn(512, 1024)"))
 
 _GELU = "0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))"
 _LIE = LIE_UNDER_THE_FLOOR.split("class ModelNew")[0]
