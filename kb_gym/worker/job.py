@@ -39,7 +39,7 @@ from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, tr
 from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.protocol import encode
 from kb_gym.worker.runner_pool import RunnerPool
-from kb_gym.worker.timing import Calibration
+from kb_gym.worker.timing import Calibration, harness_cpu
 
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
 # What one result may take on the wire: results are tens of kB; the protocol allows 8 MB a message
@@ -49,6 +49,7 @@ RESULT_BYTES = 1 << 20
 # 0.25 s was tried (session 17): round 2's calibration poison then got through in 2 of 3 local runs against 0 of 3
 # at 2 s, for a reason not yet found, so the hold keeps its 2 s.
 KEEP_SETTLE_SECONDS = 2.0
+HARNESS_CALLS = 8  # timed reference calls in a candidate's runner before it loads the candidate (the first 2 warm up)
 
 
 class WorkerContext:
@@ -309,8 +310,12 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         ctx.pool.payload_hint = hint
         runner = ctx.pool.take()
         state["runner"] = runner
+        own_clock = runner.cpu_clock and bool(cfg["timing"])  # the CPU clock's harness, read in this very process
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
-                       timeout=deadline - time.monotonic(), payload_bytes=hint)
+                       timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
+        if own_clock:
+            state["harness_cpu"] = harness_cpu(runner, [ctx.seed(seed, "harness_cpu", k) for k in range(HARNESS_CALLS)],
+                                               timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):

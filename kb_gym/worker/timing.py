@@ -51,6 +51,7 @@ OVERHEAD_SHARE = {"cuda": 0.02, "cpu": 0.1}
 # 0.24 ms (19% of its 1.27 ms) over the spare's harness, which ran after a 0.31 ms native GELU (round 25).
 CPU_CLOCK_SHARE = 0.25
 CPU_CLOCK_FLOOR_MS = 0.05
+CPU_CLOCK_HARNESS_SHARE = 0.03
 
 
 def fresh_seed() -> int:
@@ -104,6 +105,15 @@ class PairedTiming:
     burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
     probe: Any = None  # probe_check.ProbeReading: the runner's GPU time as a pristine probe saw it (probe_check.py)
     probe_note: str = ""  # why no probe pass ran where one should have
+    # the harness's CPU time per call and its spread measured in the candidate's own runner before it loaded the
+    # candidate (harness_cpu): read in place of the spare's, another process's (cpu_clock.py)
+    harness_cpu: tuple[float, float] | None = None
+
+    def _harness_cpu(self) -> tuple[float, float] | None:
+        if self.harness_cpu is not None:
+            return self.harness_cpu
+        cal = self.calibration
+        return (cal.cpu_overhead_ms, cal.cpu_spread_ms) if cal and cal.cpu_overhead_ms is not None else None
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -130,17 +140,18 @@ class PairedTiming:
     def cpu_excess_ms(self) -> float | None:
         """Median over calls of the tree's CPU floor beyond the claim and the harness's share (cpu_clock.py); None
         where not read (a GPU, an uncalibrated loop) or where one call could not be vouched for."""
-        cal = self.calibration
-        if (cal is None or cal.cpu_overhead_ms is None or self.cand.cpu_void
+        harness = self._harness_cpu()
+        if (harness is None or self.calibration is None or self.cand.cpu_void
                 or len(self.cand.cpu) != len(self.cand.event_ms) or not self.cand.event_ms):
             return None
-        return median_ci([w.floor_ms(cal.cpu_overhead_ms) - e
-                          for w, e in zip(self.cand.cpu, self.cand.event_ms, strict=True)])[0]
+        # The least over calls: CPU time only grows under a neighbour's load (shared caches and memory), while every
+        # call must do its forward's work on fresh inputs, so the least-disturbed call shows what the claim left out.
+        return min(w.floor_ms(harness[0]) - e for w, e in zip(self.cand.cpu, self.cand.event_ms, strict=True))
 
     def cpu_tolerance_ms(self) -> float:
-        cal = self.calibration or Calibration(0.0, 0.0)
+        harness = (self._harness_cpu() or (0.0, 0.0))[0]
         med_events = median_ci(self.cand.event_ms)[0] if self.cand.event_ms else 0.0
-        return max(CPU_CLOCK_SHARE * med_events, CPU_CLOCK_FLOOR_MS, SPREAD_FACTOR * cal.cpu_spread_ms)
+        return max(CPU_CLOCK_SHARE * med_events, CPU_CLOCK_FLOOR_MS, CPU_CLOCK_HARNESS_SHARE * harness)
 
     def cpu_counted(self) -> bool:
         """The tree's CPU time shows work the claim did not cover."""
@@ -150,8 +161,7 @@ class PairedTiming:
     def cpu_unverified(self) -> bool:
         """A calibrated CPU loop with a timed call the kernel's accounting could not vouch for (a task made and gone
         inside it): its claim stands unconfirmed."""
-        cal = self.calibration
-        return cal is not None and cal.cpu_overhead_ms is not None and self.cand.cpu_void > 0
+        return self.calibration is not None and self._harness_cpu() is not None and self.cand.cpu_void > 0
 
     def charged_ms(self) -> list[float]:
         """The candidate's time per timed call: its events, plus the envelope's or the CPU clock's excess (the
@@ -198,15 +208,16 @@ class PairedTiming:
 
 
     def _cpu_summary(self) -> dict[str, Any] | None:
-        cal = self.calibration
         if not self.cand.cpu and not self.cand.cpu_void:
             return None
-        excess = self.cpu_excess_ms()
-        return {"excess_ms": excess, "tolerance_ms": self.cpu_tolerance_ms(), "counted": self.cpu_counted(),
-                "floor_ms": median_ci([w.floor_ms(cal.cpu_overhead_ms) for w in self.cand.cpu])[0]
-                if self.cand.cpu and cal and cal.cpu_overhead_ms is not None else None,
-                "overhead_ms": cal.cpu_overhead_ms if cal else None, "overhead_spread_ms": cal.cpu_spread_ms if cal
-                else None, "void_calls": self.cand.cpu_void, "unverified": self.cpu_unverified()}
+        harness = self._harness_cpu()
+        return {"excess_ms": self.cpu_excess_ms(), "tolerance_ms": self.cpu_tolerance_ms(),
+                "counted": self.cpu_counted(),
+                "floor_ms": median_ci([w.floor_ms(harness[0]) for w in self.cand.cpu])[0]
+                if self.cand.cpu and harness else None,
+                "harness_ms": harness[0] if harness else None, "harness_spread_ms": harness[1] if harness else None,
+                "harness_of": "own runner" if self.harness_cpu is not None else "spare" if harness else None,
+                "void_calls": self.cand.cpu_void, "unverified": self.cpu_unverified()}
 
 
 def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
@@ -259,9 +270,28 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
     if not gaps:
         return None
     overhead = median_ci(gaps)[0]
-    cpu = median_ci(cpu_gaps)[0] if len(cpu_gaps) == len(gaps) else None
+    cpu = min(cpu_gaps) if cpu_gaps and len(cpu_gaps) == len(gaps) else None  # as harness_cpu reads its own
     return Calibration(overhead, median_ci([abs(g - overhead) for g in gaps])[0], cpu_overhead_ms=cpu,
-                       cpu_spread_ms=median_ci([abs(g - cpu) for g in cpu_gaps])[0] if cpu is not None else 0.0)
+                       cpu_spread_ms=median_ci([g - cpu for g in cpu_gaps])[0] if cpu is not None else 0.0)
+
+
+def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float) -> tuple[float, float] | None:
+    """The harness's CPU time per timed call (median, and its median absolute deviation) in ``runner`` while it is
+    still pristine, prepared with the reference model: its heaviest thread's time less the forward's event, on
+    timed reference calls (the first two warm up). Another process, the spare, read 0.3-2 ms a call off on 2 MB
+    tensors on a 2-core host (round 25). None where a call had no reading the kernel could vouch for."""
+    gaps = []
+    for k, seed in enumerate(seeds):
+        reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference")
+        if k < 2:
+            continue
+        if reply.event_ms is None or reply.cpu is None or reply.cpu.unaccounted:
+            return None
+        gaps.append(reply.cpu.heaviest_thread_ms - reply.event_ms)
+    if not gaps:
+        return None
+    least = min(gaps)  # a neighbour's load only adds CPU time: the least-disturbed call is the harness's own cost
+    return least, median_ci([g - least for g in gaps])[0]
 
 
 def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: RunnerProcess | None, ref_mod: Any,
@@ -269,7 +299,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
               check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int, max_reps: int,
               target_rel_ci: float, max_seconds: float, call_timeout: Callable[[], float],
               byte_limit: int, calibration: Calibration | None = None, chunk_bytes: int = 0,
-              widen: bool = False) -> PairedTiming:
+              widen: bool = False, harness_cpu: tuple[float, float] | None = None) -> PairedTiming:
     """Interleave baseline and candidate calls (alternating which goes first) until the speedup's
     interval is tight enough, the repetition cap, or the time budget.
 
@@ -282,7 +312,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     began = _perf_counter()
     ref, cand = Side(), Side()
     timed_base = base_fn is not None
-    timing = PairedTiming(ref, cand, 0, runner.rtt_ms if runner is not None else 0.0, calibration, device.type)
+    timing = PairedTiming(ref, cand, 0, runner.rtt_ms if runner is not None else 0.0, calibration, device.type,
+                          harness_cpu=harness_cpu if not chunk_bytes else None)  # measured on whole outputs
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
