@@ -3,8 +3,8 @@
 Each test asserts the verdict a sound judge gives the attack, then that the next honest evaluation on the same
 Evaluator is judged as on a fresh one. An attack that gets through is kept, marked ``xfail(strict=True)`` with
 one line on how it gets through, until the judge is fixed. Most run with ``integrity="off"`` (the design must
-hold when a static check misses); the first runs under the default ``strict`` policy, whose static checks find
-nothing in it.
+hold when a static check misses); so does the first now, which ran under the default ``strict`` policy when its
+static checks found nothing in it (they reject it since rounds 20-23).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ def ev(tmp_path_factory):
         yield e
 
 
-# --- 1. a false event time below the envelope's floor, under the default policy --------------------------
+# --- 1. a false event time below the envelope's floor ----------------------------------------------------
 #
 # The candidate's time is the event time its runner reports; the judge's envelope overrides it only where the
 # envelope exceeds events + calibrated overhead by more than the tolerance, whose floor is 3 ms on the CPU
 # (0.3 ms on a GPU). So a call whose whole work fits under the floor can report any time at all. The runner
-# module is reached through ``vars(torch)["sys"].modules`` (no static finding), its ``timed_call`` binding
+# module is reached through ``vars(torch)["sys"].modules`` (no static finding then), its ``timed_call`` binding
 # reports 1 us, and ``LaunchCounter.reset`` leaves a count of 1 so that eager PyTorch is not
 # ``no_custom_kernel``. Measured: ``correct``, 56x, no flags, speed credit, for eager GELU (truly ~0.75x).
 # (Round 2's ``_event_time_lie`` patched only ``kb_gym.worker.clock.timed_call``, which runner.py had bound at
@@ -99,8 +99,9 @@ class ModelNew(nn.Module):
                    "envelope's tolerance gets through unless the burst check catches it (4 of 6 tries), 56-200x for "
                    "eager GELU")
 def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
-    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(integrity="strict", burst_check=True,
-                                                                     probe_check=True))
+    # integrity "off": since rounds 20-23 the static checks reject it under strict (introspection), and the
+    # clocks must hold where they miss
+    r = ev.evaluate(GELU, LIE_UNDER_THE_FLOOR, config=TIMED.replace(burst_check=True, probe_check=True))
     honest_after(ev, TIMED)
     assert r.status == "correct", (r.status, r.error)  # its outputs are right: only its time is a lie
     assert r.speedup < 1.5 or not r.speed_credit or "side_stream" in r.flags, (
