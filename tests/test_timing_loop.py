@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from kb_gym.worker import timing
@@ -153,3 +154,44 @@ def test_a_calibration_that_widens_the_tolerance_is_not_shared_with_the_devices_
     assert key not in ctx.calibrations
     judge_timing.adopt_calibration(ctx, key, offered)
     assert ctx.calibrations[key][1] == clean
+
+
+def test_the_cpu_clock_charges_the_least_excess_over_calls_against_the_candidates_own_harness():
+    """The CPU clock's reading (cpu_clock.py): each call's floor less its claim, the least over calls; the harness's
+    share the candidate's own runner measured before it loaded the candidate where there is one, else the spare's;
+    the charge the larger of it and the envelope's excess, not their sum; a void call makes the claim unverified."""
+    from kb_gym.worker.cpu_clock import Window
+
+    def window(heaviest_ms: float) -> Window:
+        return Window(total_ms=heaviest_ms, heaviest_thread_ms=heaviest_ms, other_threads_ms=0.0,
+                      exited_threads_ms=0.0, unaccounted=False, cpus=2)
+
+    calibration = timing.Calibration(0.5, 0.01, cpu_overhead_ms=4.0, cpu_spread_ms=0.05)
+    # a 1 us claim over forwards that took 1.3-2.0 ms of CPU on top of a 5 ms harness
+    cand = timing.Side(event_ms=[0.001] * 4, envelope_ms=[2.0] * 4, cpu=[window(5 + f) for f in (2.0, 1.3, 1.6, 1.9)])
+    paired = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), cand, 4, 0.1, calibration, "cpu",
+                                 harness_cpu=(5.0, 0.02))
+    assert paired.cpu_excess_ms() == pytest.approx(1.299) and paired.cpu_counted()
+    assert not paired.hidden_work()  # the envelope sees 1.5 ms, under its 3 ms floor
+    assert paired.charged_ms() == pytest.approx([1.3] * 4)
+    both = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), timing.Side(
+        event_ms=cand.event_ms, envelope_ms=[4.501] * 4, cpu=cand.cpu), 4, 0.1, calibration, "cpu",
+        harness_cpu=(5.0, 0.02))
+    assert both.hidden_work() and both.charged_ms() == pytest.approx([4.001] * 4)  # the envelope's 4 ms, not 5.3
+    clock = paired.summary()["envelope"]["cpu_clock"]
+    assert clock["harness_of"] == "own runner" and clock["counted"] and clock["harness_ms"] == 5.0
+    # the spare's share where the runner has none (a path it was not read on): here it says 4 ms, so more is charged
+    spare = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), cand, 4, 0.1, calibration, "cpu")
+    assert spare.cpu_excess_ms() == pytest.approx(2.299) and spare.summary()["envelope"]["cpu_clock"][
+        "harness_of"] == "spare"
+    # an honest claim within the tolerance (max(25% of 1.3, 0.2, 10% of 5) = 0.5 ms) is not charged
+    honest = timing.Side(event_ms=[1.3] * 4, envelope_ms=[1.8] * 4, cpu=[window(5 + f) for f in (1.6, 1.7, 1.5, 1.6)])
+    fine = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), honest, 4, 0.1, calibration, "cpu",
+                               harness_cpu=(5.0, 0.02))
+    assert fine.cpu_excess_ms() == pytest.approx(0.2) and not fine.cpu_counted()
+    assert fine.charged_ms() == [1.3] * 4
+    # one call the kernel could not vouch for: no reading, and the claim unverified
+    void = timing.Side(event_ms=[0.001] * 4, envelope_ms=[5.5] * 4, cpu=[window(7.0)] * 3, cpu_void=1)
+    unread = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), void, 4, 0.1, calibration, "cpu",
+                                 harness_cpu=(5.0, 0.02))
+    assert unread.cpu_excess_ms() is None and unread.cpu_unverified() and not unread.cpu_counted()

@@ -4,7 +4,8 @@ On the CPU device the runner's reported time (its ``perf_counter`` around the fo
 the judge's envelope around the call can only hold it to within the envelope's tolerance (3 ms on this device:
 the pipe, building inputs, a loaded host). A runner that rewrote its ``timed_call`` to report 1 us kept any kernel
 under that tolerance at 50-200x (round 4). The kernel counts every task's time on a CPU in nanoseconds, whatever the
-task tells anyone, so the judge reads it around each timed call, at the envelope's own marks:
+task tells anyone, so the judge reads it around each timed call (before the seed goes out, and once the outputs are
+the judge's and no thread of the tree is running: ``settled``):
 
 - each process of the runner's tree: its process clock (``clock_gettime`` on ``MAKE_PROCESS_CPUCLOCK(pid)``), which
   includes the threads that exited since;
@@ -13,8 +14,9 @@ task tells anyone, so the judge reads it around each timed call, at the envelope
   whose time may be counted nowhere (a child reaped automatically takes its time with it).
 
 What the forward must have taken on the wall clock, at least (``Window.floor_ms``): the heaviest thread's time less
-the harness's share (receiving the seed, building inputs, hashing and sending outputs: calibrated on a pristine
-runner's calls, whose heaviest thread runs harness and forward alone), the next heaviest thread's, the time of
+the harness's share (receiving the seed, building inputs, hashing and sending outputs: read on timed reference calls
+of the candidate's own runner before it loaded the candidate, timing.harness_cpu, or else of the spare), the next
+heaviest thread's, the time of
 threads that ran and exited in it, and the tree's whole time less the harness's spread over every CPU of the host.
 That is held to the candidate's claim (timing.PairedTiming.cpu_excess_ms).
 """
@@ -33,8 +35,8 @@ SETTLE_CAP_S = 0.02  # how long a reading waits for the tree to stop running (se
 
 
 def enabled() -> bool:
-    """Off by default (KB_GYM_CPU_CLOCK=1 turns it on): across processes the harness's CPU time per call varied by
-    up to 2 ms on 2 MB tensors on a 2-core host, so honest candidates were charged (round 25)."""
+    """Off by default (KB_GYM_CPU_CLOCK=1 turns it on) until honest readings are clean across the test suite: with
+    it on, one honest candidate of the suite was charged under load (docs/integrity.md, round 25)."""
     return os.environ.get(ENV_SWITCH) == "1"
 
 

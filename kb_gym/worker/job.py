@@ -316,6 +316,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         if own_clock:
             state["harness_cpu"] = harness_cpu(runner, [ctx.seed(seed, "harness_cpu", k) for k in range(HARNESS_CALLS)],
                                                timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+            runner.forget_calls()
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):

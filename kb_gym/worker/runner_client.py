@@ -299,6 +299,12 @@ class RunnerProcess:
             self.premap_seconds = reply["payload_premap_s"]
             self.payload.premap(premap, self.torch_device)
 
+    def forget_calls(self) -> None:
+        """Count payloads from here on only: the calls before the candidate loads (timing.harness_cpu) are the
+        judge's, and a result's payload counts say what the candidate's calls did."""
+        self.device_payloads = self.shm_payloads = 0
+        self.payload_seconds = {part: [] for part in PAYLOAD_PARTS}
+
     def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
         builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,

@@ -93,11 +93,13 @@ class ModelNew(nn.Module):
 # (building inputs, committing outputs) is larger and noisier than the forward. This test turns it on; on the H200
 # (session 19, KB_GYM_ADVERSARIAL_DEVICE=cuda:0) the lie got through with it on too (docs/benchmarks.md 0n), so the
 # check stays off by default. On a GPU the probe check (worker/probe_check.py, session 29; on here) holds the
-# claim to the runner's GPU time as a pristine probe process sees it: there the lie must not get through; on the CPU
-# (no GPU time slices to read) the hole stays open.
-@pytest.mark.xfail(DEVICE == "cpu", strict=False, reason="round 4 on the CPU: a reported event time under the "
-                   "envelope's tolerance gets through unless the burst check catches it (4 of 6 tries), 56-200x for "
-                   "eager GELU")
+# claim to the runner's GPU time as a pristine probe process sees it: there the lie must not get through. On the CPU
+# the CPU clock (worker/cpu_clock.py, round 25) holds the claim to the runner tree's CPU time, within max(25% of the
+# claim, 0.15 ms, 10% of the harness's share): this GELU's forward (~0.07 ms here) is under that floor, so only the
+# burst check can catch it; round 25 holds the same lie on a forward over the floor (512 x 1024).
+@pytest.mark.xfail(DEVICE == "cpu", strict=False, reason="round 4 on the CPU: a forward under the CPU clock's 0.15 ms "
+                   "floor may claim any time unless the burst check catches it (4 of 6 tries), 56-200x for eager GELU "
+                   "on 64 x 256 (round 25: held over the floor)")
 def test_a_false_event_time_below_the_envelope_floor_buys_no_speed(ev):
     # integrity "off": since rounds 20-23 the static checks reject it under strict (introspection), and the
     # clocks must hold where they miss

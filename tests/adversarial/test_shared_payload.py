@@ -12,7 +12,7 @@ from device import DEVICE
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
-from kb_gym.worker import payload
+from kb_gym.worker import cpu_clock, payload
 from kb_gym.worker.tensors import decode, describe
 
 pytestmark = pytest.mark.skipif(payload.create() is None, reason="no sealable memfd here")
@@ -165,9 +165,12 @@ def ev():
 def seal_ev():
     """A judge of its own for each sealing attack, which no timed job has used: a spare that measured the envelope's
     calibration has its memfd mapped by the judge, and any shared mapping, even the judge's read-only one, makes
-    F_SEAL_WRITE fail (EBUSY), so the attack could not even start there."""
-    with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
-        yield e
+    F_SEAL_WRITE fail (EBUSY), so the attack could not even start there. For the same reason without the CPU clock,
+    whose reading of the harness (before the candidate loads) maps the runner's memfd too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cpu_clock.ENV_SWITCH, "0")
+        with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
+            yield e
 
 
 def _next_runner_unmapped(ev: Evaluator) -> None:
@@ -334,9 +337,10 @@ def test_no_runner_finds_an_earlier_candidates_bytes_in_its_memfd():
     assert all(r.worker["shm_payloads"] >= 1 for r in readers)
 
 
-def test_a_runner_that_sealed_its_memfd_leaves_the_next_runners_theirs():
+def test_a_runner_that_sealed_its_memfd_leaves_the_next_runners_theirs(monkeypatch):
     """A memfd sealed against writes would make every later runner's outputs cross the pipe were it passed on: the
-    honest candidates after it still use shared memory."""
+    honest candidates after it still use shared memory. (Without the CPU clock, as seal_ev.)"""
+    monkeypatch.setenv(cpu_clock.ENV_SWITCH, "0")
     with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
         sealed = e.evaluate(SIX_MB, _candidate(SEAL), config=CONFIG)
         after = [e.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=CONFIG) for _ in range(3)]
