@@ -16,9 +16,8 @@ the judge's and no thread of the tree is running: ``settled``):
 What the forward must have taken on the wall clock, at least (``Window.floor_ms``): the heaviest thread's time less
 the harness's share (receiving the seed, building inputs, hashing and sending outputs: read on timed reference calls
 of the candidate's own runner before it loaded the candidate, timing.harness_cpu, or else of the spare), the next
-heaviest thread's, the time of
-threads that ran and exited in it, and the tree's whole time less the harness's spread over every CPU of the host.
-That is held to the candidate's claim (timing.PairedTiming.cpu_excess_ms).
+heaviest thread's, the time of threads that ran and exited in it, and the tree's whole time less the harness's spread
+over every CPU of the host. That is held to the candidate's claim (timing.PairedTiming.cpu_excess_ms).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from kb_gym.sandbox import descendants
+from kb_gym.sandbox import descendants, unstopped
 
 _LAST_PID = "/proc/sys/kernel/ns_last_pid"
 ENV_SWITCH = "KB_GYM_CPU_CLOCK"
@@ -55,14 +54,6 @@ def _thread_cpu_ns(pid: int, tid: str) -> int | None:
         return None
 
 
-def _minor_faults(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[1].split()[7])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _last_pid() -> int | None:
     """The last PID handed out, where the judge is its PID namespace's first process (the count is then the
     judge's, its runners' and its spares' alone); None elsewhere."""
@@ -80,18 +71,16 @@ class Snapshot:
     processes: dict[int, int]  # pid -> the process's CPU ns so far
     threads: dict[int, int]  # tid -> the thread's CPU ns so far
     last_pid: int | None
-    minor_faults: int = 0  # the tree's page faults so far (their kernel time is the tree's CPU time too)
 
 
 def snapshot(root: int) -> Snapshot:
     """Every process and thread of ``root``'s tree now (about 10 us a thread)."""
-    processes, threads, faults = {}, {}, 0
+    processes, threads = {}, {}
     for pid in [root, *(descendants(root) or [])]:
         ns = _process_cpu_ns(pid)
         if ns is None:
             continue
         processes[pid] = ns
-        faults += _minor_faults(pid)
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -100,37 +89,15 @@ def snapshot(root: int) -> Snapshot:
             t = _thread_cpu_ns(pid, tid)
             if t is not None:
                 threads[int(tid)] = t
-    return Snapshot(processes, threads, _last_pid(), faults)
-
-
-def _running(pid: int, tid: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] == b"R"
-    except (OSError, IndexError):
-        return False
+    return Snapshot(processes, threads, _last_pid())
 
 
 def settled(root: int, cap_s: float = SETTLE_CAP_S) -> Snapshot:
-    """A snapshot once no thread of the tree is running or runnable, or after ``cap_s``: a runner goes on after the
+    """A snapshot once every thread of the tree is asleep or stopped, or after ``cap_s``: a runner goes on after the
     judge has its outputs (freeing them, its held-back garbage collection), and a reading taken in the middle of
     that splits the same work between two calls unevenly (the harness's share then spread 0.35-1.4 ms a call on a
     2 MB output here, against ~0.05 ms settled). Work that never stops is read at the cap, and counted."""
-    deadline = time.monotonic() + cap_s
-    while time.monotonic() < deadline:
-        pids = [root, *(descendants(root) or [])]
-        busy = False
-        for pid in pids:
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            if any(_running(pid, tid) for tid in tids):
-                busy = True
-                break
-        if not busy:
-            break
-        time.sleep(0.0001)
+    unstopped([root, *(descendants(root) or [])], timeout=cap_s)
     return snapshot(root)
 
 
@@ -145,7 +112,6 @@ class Window:
     # a task made and gone in the window (its time may be counted nowhere), or a process of the tree gone
     unaccounted: bool
     cpus: int
-    minor_faults: int = 0
 
     def floor_ms(self, harness_ms: float = 0.0) -> float:
         """The least wall time the window's work took beyond ``harness_ms`` of the harness's own work: no thread
@@ -165,7 +131,7 @@ def window(before: Snapshot, after: Snapshot, cpus: int | None = None) -> Window
     heaviest = sorted(deltas.values(), reverse=True) + [0, 0]
     return Window(total_ms=total / 1e6, heaviest_thread_ms=heaviest[0] / 1e6, other_threads_ms=heaviest[1] / 1e6,
                   exited_threads_ms=exited / 1e6, unaccounted=gone or _made_and_gone(before, after),
-                  cpus=cpus or os.cpu_count() or 1, minor_faults=after.minor_faults - before.minor_faults)
+                  cpus=cpus or os.cpu_count() or 1)
 
 
 def _made_and_gone(before: Snapshot, after: Snapshot) -> bool:

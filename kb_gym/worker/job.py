@@ -314,15 +314,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
         if own_clock:
-            seeds = [ctx.seed(seed, "harness_cpu", k) for k in range(HARNESS_CALLS)]
-            budget = max(1.0, 0.25 * (deadline - time.monotonic()))
-            try:
-                state["harness_cpu"] = harness_cpu(runner, seeds, timeout=budget)
-            except StageError as exc:  # the judge's own reading, not the candidate's doing: the spare's share stands in
-                if exc.status == "timeout":  # a call still running: the runner's next reply would be its
-                    raise
-                state["harness_cpu"] = None
-            runner.forget_calls()
+            state["harness_cpu"] = _own_harness(ctx, runner, seed, deadline)
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
@@ -397,6 +389,21 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
+
+
+def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float) -> tuple[float, float] | None:
+    """The CPU clock's harness share, read in the candidate's runner before it loads the candidate
+    (timing.harness_cpu); None where a call failed: the judge's own reading, not the candidate's doing, so the spare's
+    share stands in. A timeout is raised: the call still runs, and the runner's next reply would be its."""
+    seeds = [ctx.seed(seed, "harness_cpu", k) for k in range(HARNESS_CALLS)]
+    try:
+        return harness_cpu(runner, seeds, timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+    except StageError as exc:
+        if exc.status == "timeout":
+            raise
+        return None
+    finally:
+        runner.forget_calls()
 
 
 def _kernel_checks(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype,

@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from kb_gym.worker import cpu_clock
+
 # Both sides of a CPU timing keep the memory they free (glibc's malloc: no allocation below 32 MB served by a fresh
 # mmap, no heap trimmed back to the OS below 1 GB). Otherwise whether a call's buffers page-fault anew depends on
 # the process's history: a fresh spare faulted ~1,000 times a call on 2 MB tensors, a runner after its trials none,
@@ -22,7 +24,7 @@ CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOL
 
 def cpu_malloc_env() -> dict[str, str]:
     """CPU_MALLOC_ENV where the CPU clock is on (KB_GYM_CPU_CLOCK=1), else nothing."""
-    return dict(CPU_MALLOC_ENV) if os.environ.get("KB_GYM_CPU_CLOCK") == "1" else {}
+    return dict(CPU_MALLOC_ENV) if cpu_clock.enabled() else {}
 
 
 def take_protocol_fds() -> tuple[int, int]:
