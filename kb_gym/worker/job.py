@@ -25,8 +25,8 @@ import torch
 from kb_gym.worker import build_cache, pch
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
-from kb_gym.worker.correctness import TrialSetup, run_trials
-from kb_gym.worker.inputs import DTYPES, init_model
+from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
+from kb_gym.worker.inputs import DTYPES, clone_inputs, init_model, make_inputs
 from kb_gym.worker.judge_timing import (
     SOL_MARGIN,
     compiled_baseline,
@@ -314,7 +314,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
         if own_clock:
-            state["harness_cpu"] = _own_harness(ctx, runner, seed, deadline)
+            state["harness_cpu"] = _own_harness(ctx, runner, seed, deadline, ref_mod, ref_model, dtype, atol, rtol)
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
@@ -391,19 +391,40 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
 
 
-def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float) -> tuple[float, float] | None:
+def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float, ref_mod: Any, ref_model: Any,
+                 dtype: torch.dtype, atol: float, rtol: float) -> dict[str, tuple[float, float] | None]:
     """The CPU clock's harness share, read in the candidate's runner before it loads the candidate
-    (timing.harness_cpu); None where a call failed: the judge's own reading, not the candidate's doing, so the spare's
-    share stands in. A timeout is raised: the call still runs, and the runner's next reply would be its."""
-    seeds = [ctx.seed(seed, "harness_cpu", k) for k in range(HARNESS_CALLS)]
+    (timing.harness_cpu): "plain" on the problem's own inputs and, where those make the output the input (the
+    correctness stage may then widen every timed call's inputs: correctness._widened_trial), "widened" on 3 x randn
+    inputs too, which cost more to build. None where a call failed: the judge's own reading, not the candidate's
+    doing, so the spare's share stands in. A timeout is raised: the call still runs, and the runner's next reply
+    would be its."""
+    shares: dict[str, tuple[float, float] | None] = {"plain": None, "widened": None}
+    kinds = ["plain"] + (["widened"] if _output_is_input(ctx, ref_mod, ref_model, seed, dtype, atol, rtol) else [])
     try:
-        return harness_cpu(runner, seeds, timeout=max(1.0, 0.25 * (deadline - time.monotonic())))
+        for kind in kinds:
+            seeds = [ctx.seed(seed, f"harness_cpu_{kind}", k) for k in range(HARNESS_CALLS)]
+            shares[kind] = harness_cpu(runner, seeds, timeout=max(1.0, 0.25 * (deadline - time.monotonic())),
+                                       widen=kind == "widened")
     except StageError as exc:
         if exc.status == "timeout":
             raise
-        return None
     finally:
         runner.forget_calls()
+    return shares
+
+
+def _output_is_input(ctx: WorkerContext, ref_mod: Any, ref_model: Any, seed: int, dtype: torch.dtype, atol: float,
+                     rtol: float) -> bool:
+    """Whether the reference's output is its input on the problem's own inputs (correctness.is_input), from one
+    forward here: then the timed calls may take widened inputs. A reference that fails here fails its trials too."""
+    inputs = make_inputs(ref_mod, ctx.seed(seed, "harness_cpu_identity"), ctx.device, dtype)
+    try:
+        with torch.no_grad():
+            out = ref_model(*clone_inputs(inputs))
+    except Exception:  # noqa: BLE001 - the correctness stage gives the verdict
+        return False
+    return is_input(inputs, out, atol, rtol)
 
 
 def _kernel_checks(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_model: Any, dtype: torch.dtype,

@@ -279,14 +279,15 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
                        cpu_spread_ms=median_ci([g - cpu for g in cpu_gaps])[0] if cpu is not None else 0.0)
 
 
-def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float) -> tuple[float, float] | None:
+def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float, widen: bool = False
+                ) -> tuple[float, float] | None:
     """The harness's CPU time per timed call (median, and its median absolute deviation) in ``runner`` while it is
     still pristine, prepared with the reference model: its heaviest thread's time less the forward's event, on
     timed reference calls (the first two warm up). Another process, the spare, read 0.3-2 ms a call off on 2 MB
     tensors on a 2-core host (round 25). None where a call had no reading the kernel could vouch for."""
     gaps = []
     for k, seed in enumerate(seeds):
-        reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference")
+        reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference", widen=widen)
         if k < 2:
             continue
         if reply.event_ms is None or reply.cpu is None or reply.cpu.unaccounted:
@@ -317,9 +318,9 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     ref, cand = Side(), Side()
     timed_base = base_fn is not None
     timing = PairedTiming(ref, cand, 0, runner.rtt_ms if runner is not None else 0.0, calibration, device.type,
-                          # measured on whole outputs of the problem's own inputs: not the path of spot-checked outputs
-                          # or widened inputs (3 x randn: more to build), whose share the spare reads on that path
-                          harness_cpu=harness_cpu if not (chunk_bytes or widen) else None)
+                          # measured on whole outputs: not the path of spot-checked outputs, whose share the spare reads
+                          # on that path
+                          harness_cpu=harness_cpu if not chunk_bytes else None)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None

@@ -33,6 +33,7 @@ from test_judge_isolation import GELU, HONEST, TIMED
 from test_redteam_round4 import LIE_UNDER_THE_FLOOR
 
 from kb_gym import Evaluator, Problem
+from kb_gym.problems import reference_as_candidate
 from kb_gym.worker import cpu_clock
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the CPU clock reads CPU time: a GPU's is the probe check's")
@@ -168,6 +169,35 @@ def test_the_cpu_clock_reads_honest_forwards_as_their_claim(ev):
         assert clock["void_calls"] == 0 and clock["excess_ms"] is not None, clock
         assert clock["harness_of"] == "own runner", clock  # read before the candidate loaded, in its process
         assert not clock["counted"] and set(r.flags) <= {"no_custom_kernel"}, (r.flags, clock)
+
+
+# ReLU of torch.rand: the output is the input, so the timed calls take widened inputs (3 x randn, correctness.
+# _widened_trial), which cost more to build than the problem's own: their harness share is read on such inputs too.
+WIDENED_RELU = Problem(id=19, name="19_ReLU_of_rand", level=1, code="""
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.rand(512, 1024)]
+
+def get_init_inputs():
+    return []
+""")
+
+
+def test_widened_timed_inputs_read_their_own_harness_share(ev):
+    """An honest copy of the reference on a problem whose timed calls are widened is judged by the harness share
+    of widened calls, read in its own runner: not the spare's (another process), which charged such a kernel
+    (round 12's tiny residual, in a whole-suite run with the clock on)."""
+    r = ev.evaluate(WIDENED_RELU, reference_as_candidate(WIDENED_RELU), config=CONFIG)
+    assert r.status == "correct" and r.correctness.get("widened_trial"), (r.status, r.error, r.correctness)
+    clock = r.correctness["envelope"]["cpu_clock"]
+    assert clock["harness_of"] == "own runner" and clock["void_calls"] == 0, clock
+    assert not clock["counted"] and set(r.flags) <= {"no_custom_kernel", "degenerate_problem"}, (r.flags, clock)
 
 
 def _snap(processes: dict[int, int], threads: dict[int, int], last_pid: int | None = None) -> cpu_clock.Snapshot:
