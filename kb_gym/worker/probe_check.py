@@ -89,6 +89,11 @@ class ProbeReading:
     tolerance_ms: float
     wall_ms: float = 0.0  # the median candidate span, less the harness's span
     wall_tolerance_ms: float = 0.0
+    harness_span_ms: float = 0.0  # the spare's harness-only windows' median span
+    # per candidate window (rounded to 1 us): its span less harness_span_ms, and its GPU time less the harness's share;
+    # what the medians above come from (the wall check's first GPU run charged an honest 0.036 ms ReLU: benchmarks 0y)
+    wall_samples_ms: list[float] = dataclasses.field(default_factory=list)
+    busy_samples_ms: list[float] = dataclasses.field(default_factory=list)
     passes: int = 1
     charged_ms: float = 0.0  # added to every timed call
     by_wall: bool = False  # charged for wall time alone (``launch_bound``), not GPU time (``side_stream``)
@@ -130,6 +135,9 @@ def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window],
     wall_excess = wall - claimed_ms if wall - claimed_ms > reading.wall_tolerance_ms else 0.0
     reading.charged_ms = max(gpu_excess, wall_excess)
     reading.by_wall = wall_excess > gpu_excess
+    reading.harness_span_ms = span
+    reading.wall_samples_ms = [round(w.span_ms - span, 3) for w in cand]
+    reading.busy_samples_ms = [round(w.busy_ms - share, 3) for w in cand]
     return reading
 
 

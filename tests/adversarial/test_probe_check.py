@@ -103,6 +103,9 @@ def test_a_forward_computed_off_the_gpu_is_charged_its_wall_time():
     # No gap (its work is on the CPU or a copy engine) but a window 0.8 ms longer than the harness's.
     reading = read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5)
     assert reading.counted and reading.by_wall and reading.charged_ms == pytest.approx(0.799), reading
+    # each window's reading is kept beside the medians (what a charge on a real GPU is read from)
+    assert reading.harness_span_ms == 0.3 and reading.wall_samples_ms == [0.8] * 8, reading
+    assert reading.busy_samples_ms == [0.0] * 8 and reading.to_dict()["wall_samples_ms"] == [0.8] * 8
     honest = read_probe(0.2, [Window(0.25, 3, 0.55)] * 8, [Window(0.05, 3, 0.3)] * 5)
     assert not honest.counted, honest
 
