@@ -10,8 +10,10 @@ After the timing loop, where the claimed median is under a time slice (MAX_CLAIM
 1. With the candidate's tree stopped and the device quiet (no other context's work for QUIET_S: work the
    candidate queued before it stopped would swell what it is held to), the pristine spare runs one shielded call of
    the reference (the probe's self-test: a 1 ms shield it must see) and then SPARE_CALLS calls of the harness alone
-   (inputs built, the reference's held outputs copied out: no forward), the first of them unread. Their windows'
-   GPU time is the harness's share, their spans the harness's wall time. The device must stay quiet between them.
+   (inputs built, the reference's held outputs copied out: no forward), the first of them unread, then
+   FORWARD_CALLS unshielded calls of the reference. The harness-only windows' GPU time is the harness's share; the
+   reference calls' spans less their forwards' events are what a whole call costs the wall beyond its forward (the
+   reference idle time). The device must stay quiet between them.
 2. The candidate runs CALLS timed calls, each output checked against the reference.
 
 Each call lies between two marks the judge reads from the probe: before the seed goes out, and once the outputs are
@@ -20,8 +22,9 @@ outputs over 64 MB drawn in chunks after "done", at "done", whose chunk hashes c
 runner flushes the cache and none shields its launches (clock.probe_call), so a window holds the harness's GPU work
 and the forward, nothing the candidate could leave out to look faster. A candidate window less the harness's share
 (and less SWITCH_MS for each gap beyond the harness's: kernels that reach the GPU one by one) is what its forward
-cost the GPU; its span less the harness's span is what it cost in wall time (a forward computed off the GPU's SMs,
-on the CPU or a copy engine, leaves no gap but takes time). Where the median of either exceeds the claim by more
+cost the GPU; its span less the reference idle time is what it cost in wall time (a forward computed off the GPU's
+SMs, on the CPU or a copy engine, leaves no gap but takes time; an honest forward's own host cost is in the reference
+calls' windows too, as it is in the baseline's). Where the median of either exceeds the claim by more
 than its tolerance, every timed call is charged the larger difference: ``side_stream`` for GPU time,
 ``launch_bound`` (a note: host launches are slower than the kernels) for wall time alone. A second pass must show
 a GPU charge too (another judge's runner starting on the device outside the lock shows as gaps as well); the
@@ -55,6 +58,8 @@ from kb_gym.worker.runner_replies import CallReply
 MAX_CLAIM_MS = 2.0  # a forward claimed under this runs within one time slice beside the probe (H200: ~2-3 ms)
 CALLS = 8  # the candidate's calls per pass
 SPARE_CALLS = 6  # the spare's harness-only calls; the first warms its path up (and computes the held outputs)
+FORWARD_CALLS = 4  # the spare's unshielded reference calls: a whole call's wall time beyond its forward's events
+SPARE_PASS_CALLS = 1 + SPARE_CALLS + FORWARD_CALLS  # the spare's calls in one pass (the shielded self-test first)
 PASSES = 2  # a GPU charge stands only where a second pass shows it too
 ATTEMPTS = 4  # passes tried at most, void ones included
 SWITCH_MS = 0.002  # a gap's own context switch (H200: a 5 us kernel between two stamps read as a 10.75 us gap)
@@ -90,8 +95,9 @@ class ProbeReading:
     wall_ms: float = 0.0  # the median candidate span, less the harness's span
     wall_tolerance_ms: float = 0.0
     harness_span_ms: float = 0.0  # the spare's harness-only windows' median span
-    # per candidate window (rounded to 1 us): its span less harness_span_ms, and its GPU time less the harness's share;
-    # what the medians above come from (the wall check's first GPU run charged an honest 0.036 ms ReLU: benchmarks 0y)
+    reference_idle_ms: float = 0.0  # the spare's reference calls: median span less the forward's events
+    # per candidate window (rounded to 1 us): its span less reference_idle_ms, and its GPU time less the harness's
+    # share; what the medians above come from
     wall_samples_ms: list[float] = dataclasses.field(default_factory=list)
     busy_samples_ms: list[float] = dataclasses.field(default_factory=list)
     passes: int = 1
@@ -115,28 +121,36 @@ class Window:
     span_ms: float  # mark to mark
 
 
-def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window],
+def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], forwards: list[tuple[Window, float]],
                lowest_share_ms: float | None = None) -> ProbeReading:
-    """Weigh the candidate's windows against its claim, given the spare's harness-only windows (and the lowest share
-    a pass measured for the problem lately, which stands where it is lower than this pass's)."""
+    """Weigh the candidate's windows against its claim, given the spare's harness-only windows, its reference calls'
+    windows with their forwards' event times (``forwards``), and the lowest share a pass measured for the problem
+    lately (which stands where it is lower than this pass's).
+
+    GPU time: a candidate window's gaps less the harness-only windows' (the harness's share). Wall time: a candidate
+    window's span less what an honest reference call's window spans beyond its forward's events (the module call,
+    its launches, the event synchronisation, fresh output buffers: a harness-only call pays none of it, and held to
+    that an honest 0.036 ms ReLU was charged +0.3 ms on the H200, benchmarks.md 0y). Both are held to the claim."""
     share = median_of([w.busy_ms for w in harness])
     spread = median_of([abs(w.busy_ms - share) for w in harness])
     if lowest_share_ms is not None:
         share = min(share, lowest_share_ms)
     spare_gaps = median_of([float(w.gaps) for w in harness])
     forward = median_of([w.busy_ms - max(0.0, w.gaps - spare_gaps) * SWITCH_MS - share for w in cand])
-    span = median_of([w.span_ms for w in harness])
-    wall = median_of([w.span_ms - span for w in cand])
+    idles = [w.span_ms - event for w, event in forwards]
+    idle = median_of(idles)
+    wall = median_of([w.span_ms - idle for w in cand])
     reading = ProbeReading(len(cand), claimed_ms, forward, share, spread, median_of([float(w.gaps) for w in cand]),
                            spare_gaps, max(RESOLUTION * claimed_ms, FLOOR_MS, SPREAD_FACTOR * spread), wall,
                            max(RESOLUTION * claimed_ms, WALL_FLOOR_MS,
-                               SPREAD_FACTOR * median_of([abs(w.span_ms - span) for w in harness])))
+                               SPREAD_FACTOR * median_of([abs(x - idle) for x in idles])))
     gpu_excess = forward - claimed_ms if forward - claimed_ms > reading.tolerance_ms else 0.0
     wall_excess = wall - claimed_ms if wall - claimed_ms > reading.wall_tolerance_ms else 0.0
     reading.charged_ms = max(gpu_excess, wall_excess)
     reading.by_wall = wall_excess > gpu_excess
-    reading.harness_span_ms = span
-    reading.wall_samples_ms = [round(w.span_ms - span, 3) for w in cand]
+    reading.harness_span_ms = median_of([w.span_ms for w in harness])
+    reading.reference_idle_ms = idle
+    reading.wall_samples_ms = [round(w.span_ms - idle, 3) for w in cand]
     reading.busy_samples_ms = [round(w.busy_ms - share, 3) for w in cand]
     return reading
 
@@ -235,7 +249,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                 time.sleep(QUIET_S)
                 quiet.append(probe.mark())
                 try:
-                    targets = ["reference"] + ["harness"] * SPARE_CALLS
+                    targets = ["reference"] + ["harness"] * SPARE_CALLS + ["forward"] * FORWARD_CALLS
                     for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True):
                         spare_replies.append(timed(pristine, seed, target))
                 except StageError as exc:
@@ -270,7 +284,11 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     shield = spare_replies[0].shield_ms or 0.0
     if shield <= 0 or windows[0].busy_ms < BLIND_SHARE * shield:
         return _Skip("the probe did not see a pristine shield (MPS, or contexts that run at once)")
-    return read_probe(claimed, [_window(gaps, r.window) for r in cand_replies], windows[2:], lowest_share)
+    if any(r.event_ms is None for r in spare_replies[-FORWARD_CALLS:]):
+        return _Skip("the spare's reference calls had no event time")
+    return read_probe(claimed, [_window(gaps, r.window) for r in cand_replies], windows[2:1 + SPARE_CALLS],
+                      [(w, r.event_ms) for w, r in zip(windows[-FORWARD_CALLS:], spare_replies[-FORWARD_CALLS:],
+                                                        strict=True)], lowest_share)
 
 
 def _window(gaps: list[tuple[int, int]], window: tuple[int, int]) -> Window:

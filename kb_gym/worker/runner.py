@@ -203,7 +203,8 @@ class Runner:
         return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
-        reference = msg.get("target") in ("reference", "harness")
+        # "forward": the reference as "reference" is, but a probe call leaves it unshielded (probe_check.py)
+        reference = msg.get("target") in ("reference", "harness", "forward")
         model = self.ref_model if reference else self.model
         if msg.get("target") == "harness" and model is not None:  # a pristine spare's harness alone (probe_check.py)
             model = self._held_reference

@@ -109,12 +109,15 @@ class FakeProbe:
 
 class FakeRunner:
     """A runner whose probe calls take ``harness`` ms of GPU work around a forward of ``forward`` ms (in ``pieces``
-    kernels reaching the GPU one by one, or behind a 1 ms shield for the reference), reporting ``claim`` ms.
+    kernels reaching the GPU one by one, or behind a 1 ms shield for the shielded reference) after ``host_ms`` of its
+    own host time, reporting ``claim`` ms.
     ``queued``: GPU work (ms) it leaves queued at each freeze, in turn."""
 
     def __init__(self, device: Device, forward: float, claim: float | None = None, pieces: int = 1,
-                 harness: float = 0.05, queued: tuple[float, ...] = (), wrong: bool = False) -> None:
+                 harness: float = 0.05, queued: tuple[float, ...] = (), wrong: bool = False,
+                 host_ms: float = 0.0) -> None:
         self.device, self.forward, self.claim, self.pieces = device, forward, claim, pieces
+        self.host_ms = host_ms  # the forward's own host cost (module call, launches, synchronisation): no SM work
         self.harness, self.queued, self.wrong = harness, queued, wrong
         self.frozen_count = 0
         self.calls = 0
@@ -132,10 +135,16 @@ class FakeRunner:
         return self.forward, 1.0
 
     def candidate_forward(self) -> None:
+        self.device.host(self.host_ms)
         self.device.busy([self.forward / self.pieces] * self.pieces)
 
     def harness_only(self) -> None:
         """What a harness-only call does beyond the harness (nothing, in a pristine spare)."""
+
+    def unshielded_reference(self) -> None:
+        """The spare's reference forward with no shield in front of it: its host cost, then its GPU work."""
+        self.device.host(self.host_ms)
+        self.device.busy([self.forward])
 
     def call(self, seed: int, *, timeout: float, timed: bool, target: str, marks, byte_limit: int = 0,
              chunk_bytes: int = 0, widen: bool = False) -> CallReply:
@@ -146,6 +155,9 @@ class FakeRunner:
             event, shield = self.reference_span()
         elif target == "harness":  # the spare's harness alone: its held outputs copied out, no forward
             self.harness_only()
+            event, shield = self.forward, None
+        elif target == "forward":  # the spare's reference, unshielded: its host cost beside its GPU work
+            self.unshielded_reference()
             event, shield = self.forward, None
         else:
             self.candidate_forward()

@@ -90,24 +90,53 @@ def test_no_probe_is_reported_not_charged():
     assert t.probe is None and t.probe_note == "no probe on this judge"
 
 
+# the spare's unshielded reference calls: a 0.5 ms forward whose window spans 0.3 ms beyond it (the harness alone)
+FORWARDS = [(Window(0.55, 3, 0.8), 0.5)] * 4
+
+
 def test_the_reading_weighs_the_spares_spread():
     cand = [Window(0.09, 3, 0.4)] * 8
-    calm = read_probe(0.01, cand, [Window(0.05, 3, 0.3)] * 5)
-    noisy = read_probe(0.01, cand, [Window(b, 3, 0.3) for b in (0.03, 0.05, 0.07, 0.05, 0.09)])
+    calm = read_probe(0.01, cand, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
+    noisy = read_probe(0.01, cand, [Window(b, 3, 0.3) for b in (0.03, 0.05, 0.07, 0.05, 0.09)], FORWARDS)
     assert not calm.counted and calm.tolerance_ms == pytest.approx(probe_check.FLOOR_MS)
     assert noisy.tolerance_ms == pytest.approx(3 * 0.02)
     assert isinstance(calm, ProbeReading) and calm.to_dict()["counted"] is False
+    uneven = read_probe(0.01, cand, [Window(0.05, 3, 0.3)] * 5,
+                        [(Window(0.55, 3, 0.8 + d), 0.5) for d in (0.0, 0.2, -0.2, 0.0)])
+    assert uneven.wall_tolerance_ms == pytest.approx(3 * 0.1)  # the reference calls' idle time, as uneven as it is
 
 
 def test_a_forward_computed_off_the_gpu_is_charged_its_wall_time():
-    # No gap (its work is on the CPU or a copy engine) but a window 0.8 ms longer than the harness's.
-    reading = read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5)
+    # No gap (its work is on the CPU or a copy engine) but a window 0.8 ms longer than a reference call's beyond its
+    # forward.
+    reading = read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
     assert reading.counted and reading.by_wall and reading.charged_ms == pytest.approx(0.799), reading
     # each window's reading is kept beside the medians (what a charge on a real GPU is read from)
-    assert reading.harness_span_ms == 0.3 and reading.wall_samples_ms == [0.8] * 8, reading
-    assert reading.busy_samples_ms == [0.0] * 8 and reading.to_dict()["wall_samples_ms"] == [0.8] * 8
-    honest = read_probe(0.2, [Window(0.25, 3, 0.55)] * 8, [Window(0.05, 3, 0.3)] * 5)
+    assert reading.reference_idle_ms == pytest.approx(0.3) and reading.harness_span_ms == 0.3, reading
+    assert reading.wall_samples_ms == [0.8] * 8 and reading.busy_samples_ms == [0.0] * 8, reading
+    assert reading.to_dict()["wall_samples_ms"] == [0.8] * 8
+    honest = read_probe(0.2, [Window(0.25, 3, 0.55)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
     assert not honest.counted, honest
+
+
+def test_a_forwards_own_host_cost_is_held_to_the_references_not_to_a_harness_only_call():
+    # On the H200 an honest reference copy of a 0.036 ms ReLU spanned 0.3+ ms more than a harness-only call (its module
+    # call, launch and event synchronisation, which the harness alone does not pay, nor the baseline's events) and
+    # was charged launch_bound (benchmarks.md 0y). The reference's own calls pay that host cost too.
+    forwards = [(Window(0.086, 3, 0.686), 0.036)] * 4  # harness 0.3 ms of wall, host 0.35, forward 0.036
+    honest = read_probe(0.036, [Window(0.086, 3, 0.686)] * 8, [Window(0.05, 3, 0.3)] * 5, forwards)
+    assert not honest.counted and honest.wall_ms == pytest.approx(0.036), honest
+    # 0.8 ms of host work beyond the reference's is still charged
+    liar = read_probe(0.001, [Window(0.05, 3, 0.686 + 0.8)] * 8, [Window(0.05, 3, 0.3)] * 5, forwards)
+    assert liar.counted and liar.by_wall and liar.charged_ms == pytest.approx(0.835, abs=0.01), liar
+    # end to end on the simulated device: the spare's reference calls pay the same host cost
+    dev = Device()
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.036, host_ms=0.35), FakeRunner(dev, 0.036, host_ms=0.35),
+              timing_claiming(0.036))
+    assert not t.probe.counted, t.probe
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.0, claim=0.001, host_ms=1.2), FakeRunner(dev, 0.036, host_ms=0.35),
+              timing_claiming(0.001))
+    assert t.probe.counted and t.probe.by_wall and t.probe.charged_ms == pytest.approx(0.85, abs=0.05), t.probe
 
 
 def test_a_pass_the_candidate_left_unreadable_is_unverified_not_skipped():

@@ -206,6 +206,10 @@ class IntrudedSpare(FakeRunner):
         if self.device.delayed_ms and self.calls > 2:  # after the quiet check and the first (unread) harness call
             self.device.busy([self.device.delayed_ms])
 
+    def unshielded_reference(self) -> None:  # and in its reference calls' windows, swelling their idle time too
+        self.harness_only()
+        super().unshielded_reference()
+
 
 @pytest.mark.xfail(strict=True, reason="work landing inside the spare's harness-only windows (not between them, where "
                    "it is void) swells the share of the first pass of a problem, which has no earlier share to hold it "
@@ -300,7 +304,7 @@ def test_a_cheaper_harness_hides_at_most_the_spares_harness_gpu_time():
 def test_a_second_pass_that_fails_keeps_the_first_pass_charge():
     # The liar starves the spare only once its first pass has been read: the charge that pass showed stands.
     dev = Device()
-    spare = FailingSpare(dev, 0.5, from_call=probe_check.SPARE_CALLS + 2)  # the first call of the second pass
+    spare = FailingSpare(dev, 0.5, from_call=probe_check.SPARE_PASS_CALLS + 1)  # the first call of the second pass
     t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), spare, timing_claiming(0.001))
     assert t.probe is not None and t.probe.counted and t.probe.passes == 1, t.probe
     assert t.probe.charged_ms == pytest.approx(0.2, abs=0.02) and t.probe.voids >= 1
