@@ -92,7 +92,9 @@ def test_honest_candidates_are_confirmed_not_charged(ev, relu):
         assert r.status == "correct", (r.status, r.error)
         b = _burst_of(r)
         assert b is not None and b["forwards"] >= 2, r.correctness.get("envelope")
-        assert not b["counted"] and "side_stream" not in r.flags and "launch_bound" not in r.flags, b
+        # the CPU clock's reading too, where it is on (cpu_clock.py): it charges side_stream by itself
+        assert not b["counted"] and "side_stream" not in r.flags and "launch_bound" not in r.flags, (
+            b, r.correctness["envelope"].get("cpu_clock"))
     solution, variant = correct_code(relu)
     assert variant == "triton_solution"
     r = ev.evaluate(relu, solution, config=CPU_TIMED)
