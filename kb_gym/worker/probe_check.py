@@ -92,7 +92,7 @@ class ProbeReading:
     gaps: float  # median gaps in a candidate window
     spare_gaps: float
     tolerance_ms: float
-    wall_ms: float = 0.0  # the median candidate span, less the harness's span
+    wall_ms: float = 0.0  # the median candidate span, less reference_idle_ms
     wall_tolerance_ms: float = 0.0
     harness_span_ms: float = 0.0  # the spare's harness-only windows' median span
     reference_idle_ms: float = 0.0  # the spare's reference calls: median span less the forward's events
@@ -139,7 +139,8 @@ def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], for
     forward = median_of([w.busy_ms - max(0.0, w.gaps - spare_gaps) * SWITCH_MS - share for w in cand])
     idles = [w.span_ms - event for w, event in forwards]
     idle = median_of(idles)
-    wall = median_of([w.span_ms - idle for w in cand])
+    walls = [w.span_ms - idle for w in cand]
+    wall = median_of(walls)
     reading = ProbeReading(len(cand), claimed_ms, forward, share, spread, median_of([float(w.gaps) for w in cand]),
                            spare_gaps, max(RESOLUTION * claimed_ms, FLOOR_MS, SPREAD_FACTOR * spread), wall,
                            max(RESOLUTION * claimed_ms, WALL_FLOOR_MS,
@@ -150,7 +151,7 @@ def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], for
     reading.by_wall = wall_excess > gpu_excess
     reading.harness_span_ms = median_of([w.span_ms for w in harness])
     reading.reference_idle_ms = idle
-    reading.wall_samples_ms = [round(w.span_ms - idle, 3) for w in cand]
+    reading.wall_samples_ms = [round(x, 3) for x in walls]
     reading.busy_samples_ms = [round(w.busy_ms - share, 3) for w in cand]
     return reading
 
