@@ -195,3 +195,65 @@ def test_the_cpu_clock_charges_the_least_excess_over_calls_against_the_candidate
     unread = timing.PairedTiming(timing.Side(event_ms=[1.0] * 4), void, 4, 0.1, calibration, "cpu",
                                  harness_cpu=(5.0, 0.02))
     assert unread.cpu_excess_ms() is None and unread.cpu_unverified() and not unread.cpu_counted()
+
+
+def test_the_cpu_clocks_harness_share_is_scaled_by_the_load_the_judges_gauge_saw():
+    """A neighbour's load that starts after the harness's share was read raises every call's CPU time; the judge's
+    gauge (the harness's kind of work in its own thread) read at both times scales the share, within [1, LOAD_CAP]:
+    a host that became faster scales nothing, and a host slowed further gains the candidate at most the cap."""
+    from kb_gym.worker import cpu_clock
+    from kb_gym.worker.cpu_clock import Window
+
+    assert cpu_clock.load_factor(0.6, 0.75) == pytest.approx(1.25)
+    assert cpu_clock.load_factor(0.6, 0.3) == 1.0 and cpu_clock.load_factor(0.6, 60.0) == cpu_clock.LOAD_CAP
+    assert cpu_clock.load_factor(None, 0.7) == 1.0 and cpu_clock.load_factor(0.0, 0.7) == 1.0
+
+    # an honest 0.03 ms forward whose calls' harness ran at 1.19 ms under a load, against a 0.82 ms share read before
+    window = Window(total_ms=1.25, heaviest_thread_ms=1.25, other_threads_ms=0.0, exited_threads_ms=0.0,
+                    unaccounted=False, cpus=2)
+    def reading(loop_gauges: list[float]) -> timing.PairedTiming:
+        honest = timing.Side(event_ms=[0.03] * 4, envelope_ms=[1.5] * 4, cpu=[window] * 4)
+        return timing.PairedTiming(timing.Side(event_ms=[0.03] * 4, gauge_ms=loop_gauges), honest, 4, 0.1,
+                                   timing.Calibration(0.5, 0.01), "cpu", harness_cpu=(0.82, 0.02), harness_gauge=0.6)
+
+    assert reading([0.6, 0.61, 0.7, 0.64]).cpu_counted()  # 0.4 ms over a 0.2 ms tolerance, the host as it was
+    loaded = reading([0.9, 0.87, 0.95, 1.1])  # the judge's builds 1.45x slower in the least of the loop's calls
+    assert loaded.harness_load == pytest.approx(1.45) and not loaded.cpu_counted()
+    assert loaded.cpu_excess_ms() == pytest.approx(1.25 - 0.82 * 1.45 - 0.03)
+    assert loaded.summary()["envelope"]["cpu_clock"]["harness_load"] == pytest.approx(1.45)
+    # one quiet call in the loop: the least is the host as it was (as the clock's excess is the least over calls)
+    assert reading([0.9, 0.6, 0.95, 1.1]).harness_load == 1.0
+    # the spare's share (no gauge beside it) is not scaled
+    spare = timing.PairedTiming(timing.Side(event_ms=[0.03] * 4, gauge_ms=[0.9] * 4), timing.Side(
+        event_ms=[0.03] * 4, cpu=[window] * 4), 4, 0.1, timing.Calibration(0.5, 0.01, cpu_overhead_ms=0.82), "cpu")
+    assert spare.harness_load == 1.0
+
+
+def test_the_gauge_is_read_in_the_judge_after_each_share_call_and_in_each_frozen_baseline_build():
+    """The load gauge's two readings are the same work in the same place: the judge's thread building a call's inputs
+    right after a runner's call (the share's calls; the loop's baseline builds, the runner frozen)."""
+    from kb_gym.worker.cpu_clock import LOAD_CAP, Window
+
+    log: list[str] = []
+
+    class SharedRunner(ScriptedRunner):
+        def call(self, seed: int, **_: object) -> CallReply:
+            log.append("call")
+            return CallReply(outputs=torch.zeros(2), event_ms=0.1, envelope_ms=1.0, host_ms=0.1, launches=1,
+                             cpu=Window(0.9, 0.9, 0.0, 0.0, False, 2))
+
+    built: list[float] = []
+    share = timing.harness_cpu(SharedRunner(log), list(range(6)), timeout=5.0, build=lambda s: log.append("build"),
+                               gauge_ms=built)
+    assert share == (pytest.approx(0.8), 0.0)
+    assert len(built) == 4 and log == ["call"] * 2 + ["call", "build"] * 4  # none after the two warm-up calls
+
+    runner = ScriptedRunner(log)
+    ref_mod = SimpleNamespace(get_inputs=lambda: [torch.zeros(2)])
+    device = torch.device("cpu")
+    result = timing.time_pair(lambda x: x, torch.nn.Identity(), runner, ref_mod, device, torch.float32,
+                              CacheFlusher(device), None, warmup=1, min_reps=3, max_reps=3, target_rel_ci=0.5,
+                              max_seconds=5.0, call_timeout=lambda: 5.0, byte_limit=1 << 20,
+                              harness_cpu=(0.8, 0.0), harness_gauge=1e-6)
+    assert len(result.ref.gauge_ms) == 3 and all(g >= 0 for g in result.ref.gauge_ms)  # timed calls, not warm-up
+    assert result.harness_load == LOAD_CAP  # against a 1 ns build as the share was read: the cap

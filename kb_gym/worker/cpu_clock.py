@@ -18,6 +18,14 @@ the harness's share (receiving the seed, building inputs, hashing and sending ou
 of the candidate's own runner before it loaded the candidate, timing.harness_cpu, or else of the spare), the next
 heaviest thread's, the time of threads that ran and exited in it, and the tree's whole time less the harness's spread
 over every CPU of the host. That is held to the candidate's claim (timing.PairedTiming.cpu_excess_ms).
+
+The harness's share is read before the candidate loads, the loop's calls later: a neighbour's load that starts in
+between and lasts raises every call's CPU time (contention for memory and caches), which the least over calls does not
+remove. So the judge gauges the load in its own thread, where no candidate code runs: its CPU time building the
+inputs (the harness's main work) after each call of the share's reading and in each of the loop's baseline calls,
+the candidate's tree frozen (timing.gauged_inputs). The share is scaled by how much slower the least of the loop's
+builds was (``load_factor``), capped at LOAD_CAP: a candidate that leaves the host slower for the judge gains at most
+that much more of the share.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from kb_gym.sandbox import descendants, unstopped
 _LAST_PID = "/proc/sys/kernel/ns_last_pid"
 ENV_SWITCH = "KB_GYM_CPU_CLOCK"
 SETTLE_CAP_S = 0.02  # how long a reading waits for the tree to stop running (settled)
+# The most the harness's share is scaled by a load: beside two processes copying 64 MB arrays on the 2-core host the
+# share moved 0.82 -> 1.19 ms (1.45x) and the judge's gauge 1.2-1.25x (session 32).
+LOAD_CAP = 1.5
 
 
 def enabled() -> bool:
@@ -145,3 +156,11 @@ def _made_and_gone(before: Snapshot, after: Snapshot) -> bool:
     # /proc/<tid> answers for any live task of the namespace, a thread of another process too (the judge's own)
     return any(p not in live and not os.path.exists(f"/proc/{p}") for p in range(before.last_pid + 1,
                                                                                   after.last_pid + 1))
+
+
+def load_factor(before_ms: float | None, after_ms: float | None) -> float:
+    """How much slower the gauge's work ran (``after_ms``) than when the harness's share was read (``before_ms``),
+    within [1, LOAD_CAP]: 1 where either reading is missing (the share stands as read)."""
+    if not before_ms or not after_ms or before_ms <= 0:
+        return 1.0
+    return min(LOAD_CAP, max(1.0, after_ms / before_ms))

@@ -314,7 +314,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
         if own_clock:
-            state["harness_cpu"] = _own_harness(ctx, runner, seed, deadline, ref_mod, ref_model, dtype, atol, rtol)
+            state["harness_gauge"] = {}
+            state["harness_cpu"] = _own_harness(ctx, runner, seed, deadline, ref_mod, ref_model, dtype, atol, rtol,
+                                                state["harness_gauge"])
         tools = build_cache.toolchain(device)
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
@@ -392,20 +394,26 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
 
 
 def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float, ref_mod: Any, ref_model: Any,
-                 dtype: torch.dtype, atol: float, rtol: float) -> dict[str, tuple[float, float] | None]:
+                 dtype: torch.dtype, atol: float, rtol: float, gauges: dict[str, float]
+                 ) -> dict[str, tuple[float, float] | None]:
     """The CPU clock's harness share, read in the candidate's runner before it loads the candidate
     (timing.harness_cpu): "plain" on the problem's own inputs and, where those make the output the input (the
     correctness stage may then widen every timed call's inputs: correctness._widened_trial), "widened" on 3 x randn
     inputs too, which cost more to build. None where a call failed: the judge's own reading, not the candidate's
     doing, so the spare's share stands in. A timeout is raised: the call still runs, and the runner's next reply
-    would be its."""
+    would be its. ``gauges`` gets the judge's load gauge beside each share (timing.harness_cpu's ``build``)."""
     shares: dict[str, tuple[float, float] | None] = {"plain": None, "widened": None}
     kinds = ["plain"] + (["widened"] if _output_is_input(ctx, ref_mod, ref_model, seed, dtype, atol, rtol) else [])
     try:
         for kind in kinds:
             seeds = [ctx.seed(seed, f"harness_cpu_{kind}", k) for k in range(HARNESS_CALLS)]
+            built: list[float] = []  # the host's load as the share was read: the loop's builds are held to it
             shares[kind] = harness_cpu(runner, seeds, timeout=max(1.0, 0.25 * (deadline - time.monotonic())),
-                                       widen=kind == "widened")
+                                       widen=kind == "widened", gauge_ms=built,
+                                       build=lambda s, w=kind == "widened": make_inputs(ref_mod, s ^ 1, ctx.device,
+                                                                                        dtype, widen=w))
+            if built:
+                gauges[kind] = min(built)  # the least, as the share's own reading and the loop's (load_factor)
     except StageError as exc:
         if exc.status == "timeout":
             raise

@@ -175,7 +175,8 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             max_seconds=float(cfg["timing_max_seconds"]), call_timeout=call_timeout,
             byte_limit=state.get("byte_limit", 1 << 30), calibration=calibration,
             chunk_bytes=state.get("chunk_bytes", 0), widen=widen,
-            harness_cpu=(state.get("harness_cpu") or {}).get("widened" if widen else "plain"))
+            harness_cpu=(state.get("harness_cpu") or {}).get("widened" if widen else "plain"),
+            harness_gauge=(state.get("harness_gauge") or {}).get("widened" if widen else "plain"))
 
     try:
         timing = timed_loop(state.get("calibration"))

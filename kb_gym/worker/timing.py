@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from kb_gym.worker.clock import CacheFlusher, median_ci, timed_call
+from kb_gym.worker.cpu_clock import load_factor
 from kb_gym.worker.inputs import make_inputs
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
@@ -86,6 +87,9 @@ class Side:
     host_ms: list[float] = field(default_factory=list)  # host time inside the call (launching its work)
     cpu: list[Any] = field(default_factory=list)  # cpu_clock.Window of each timed call the kernel vouched for
     cpu_void: int = 0  # timed calls whose CPU time the kernel's accounting could not vouch for (Window.unaccounted)
+    # the judge's own thread's CPU time building each timed call's inputs, the runner frozen: the load gauge
+    # (cpu_clock.py), on the baseline's side
+    gauge_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -112,12 +116,25 @@ class PairedTiming:
     # the harness's CPU time per call and its spread measured in the candidate's own runner before it loaded the
     # candidate (harness_cpu): read in place of the spare's, another process's (cpu_clock.py)
     harness_cpu: tuple[float, float] | None = None
+    # the judge's gauge (its own thread's CPU time building this path's inputs) beside the share's reading in the
+    # candidate's runner: held to the loop's (Side.gauge_ms), it scales the share by the load since (cpu_clock.py)
+    harness_gauge: float | None = None
+
+    @property
+    def harness_load(self) -> float:
+        """How much slower the harness's kind of work ran in the loop than when its share was read (least over
+        the loop's calls, as the clock's excess is: cpu_clock.load_factor)."""
+        if self.harness_cpu is None or not self.ref.gauge_ms:
+            return 1.0
+        return load_factor(self.harness_gauge, min(self.ref.gauge_ms))
 
     def _harness_cpu(self) -> tuple[float, float] | None:
         if self.harness_cpu is not None:
-            return self.harness_cpu
-        cal = self.calibration
-        return (cal.cpu_overhead_ms, cal.cpu_spread_ms) if cal and cal.cpu_overhead_ms is not None else None
+            share = self.harness_cpu
+        else:
+            cal = self.calibration
+            share = (cal.cpu_overhead_ms, cal.cpu_spread_ms) if cal and cal.cpu_overhead_ms is not None else None
+        return (share[0] * self.harness_load, share[1]) if share else None
 
     def excess_ms(self) -> float:
         """Median over calls of the candidate's envelope beyond its events and the runner's own per-call
@@ -221,13 +238,25 @@ class PairedTiming:
                 if self.cand.cpu and harness else None,
                 "harness_ms": harness[0] if harness else None, "harness_spread_ms": harness[1] if harness else None,
                 "harness_of": "own runner" if self.harness_cpu is not None else "spare" if harness else None,
+                "harness_load": self.harness_load,
                 "void_calls": self.cand.cpu_void, "unverified": self.cpu_unverified()}
+
+
+def gauged_inputs(ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype, widen: bool = False,
+                  gauge_ms: list[float] | None = None) -> list[Any]:
+    """The call's inputs, built in the judge's thread; its CPU time for them appended to ``gauge_ms`` (the CPU
+    clock's load gauge, cpu_clock.py) where given."""
+    began = time.thread_time_ns()
+    inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
+    if gauge_ms is not None:
+        gauge_ms.append((time.thread_time_ns() - began) / 1e6)
+    return inputs
 
 
 def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
                flusher: CacheFlusher, side: Side | None, widen: bool = False) -> Any:
     t0 = _perf_counter()
-    inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
+    inputs = gauged_inputs(ref_mod, seed, device, dtype, widen, side.gauge_ms if side is not None else None)
     out, ms, host = timed_call(fn, inputs, device, flusher)
     envelope = (_perf_counter() - t0) * 1e3
     if side is not None:
@@ -238,13 +267,13 @@ def _base_call(fn: Callable[..., Any], ref_mod: Any, seed: int, device: torch.de
 
 
 def reference_outputs(ref_model: Any, ref_mod: Any, seed: int, device: torch.device, dtype: torch.dtype,
-                       runner: RunnerProcess, widen: bool = False) -> Any:
+                       runner: RunnerProcess, widen: bool = False, gauge_ms: list[float] | None = None) -> Any:
     """The reference's outputs for checking a candidate timed against a cached baseline: computed with the
     runner frozen and finished on the GPU before the candidate's call starts. Left queued, they ran inside
     the candidate's events (H200, "rl" preset: an honest 9.9 ms matmul measured 11.3 ms, a 2.3 ms
     convolution 3.6 ms, both flagged side_stream)."""
     with runner.frozen(), torch.no_grad():
-        out = ref_model(*make_inputs(ref_mod, seed, device, dtype, widen=widen))
+        out = ref_model(*gauged_inputs(ref_mod, seed, device, dtype, widen, gauge_ms))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return out
@@ -279,17 +308,26 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
                        cpu_spread_ms=median_ci([g - cpu for g in cpu_gaps])[0] if cpu is not None else 0.0)
 
 
-def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float, widen: bool = False
+def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float, widen: bool = False,
+                build: Callable[[int], Any] | None = None, gauge_ms: list[float] | None = None
                 ) -> tuple[float, float] | None:
     """The harness's CPU time per timed call (median, and its median absolute deviation) in ``runner`` while it is
     still pristine, prepared with the reference model: its heaviest thread's time less the forward's event, on
     timed reference calls (the first two warm up). Another process, the spare, read 0.3-2 ms a call off on 2 MB
-    tensors on a 2-core host (round 25). None where a call had no reading the kernel could vouch for."""
+    tensors on a 2-core host (round 25). None where a call had no reading the kernel could vouch for.
+
+    ``build``: the judge builds a call's inputs after each call, its thread's CPU time for that appended to
+    ``gauge_ms`` (the load gauge, cpu_clock.py): after a call, as the loop's baseline builds are (back to back, the
+    same builds read ~11% less: warmer caches)."""
     gaps = []
     for k, seed in enumerate(seeds):
         reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference", widen=widen)
         if k < 2:
             continue
+        if build is not None and gauge_ms is not None:
+            began = time.thread_time_ns()
+            build(seed)
+            gauge_ms.append((time.thread_time_ns() - began) / 1e6)
         if reply.event_ms is None or reply.cpu is None or reply.cpu.unaccounted:
             return None
         gaps.append(reply.cpu.heaviest_thread_ms - reply.event_ms)
@@ -304,7 +342,8 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
               check: Callable[[Any, Any, int], str | None] | None, *, warmup: int, min_reps: int, max_reps: int,
               target_rel_ci: float, max_seconds: float, call_timeout: Callable[[], float],
               byte_limit: int, calibration: Calibration | None = None, chunk_bytes: int = 0,
-              widen: bool = False, harness_cpu: tuple[float, float] | None = None) -> PairedTiming:
+              widen: bool = False, harness_cpu: tuple[float, float] | None = None,
+              harness_gauge: float | None = None) -> PairedTiming:
     """Interleave baseline and candidate calls (alternating which goes first) until the speedup's
     interval is tight enough, the repetition cap, or the time budget.
 
@@ -320,7 +359,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
     timing = PairedTiming(ref, cand, 0, runner.rtt_ms if runner is not None else 0.0, calibration, device.type,
                           # measured on whole outputs: not the path of spot-checked outputs, whose share the spare reads
                           # on that path
-                          harness_cpu=harness_cpu if not chunk_bytes else None)
+                          harness_cpu=harness_cpu if not chunk_bytes else None, harness_gauge=harness_gauge)
 
     def candidate(seed: int, side: Side | None) -> CallReply:
         assert runner is not None
@@ -356,7 +395,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
                     with runner.frozen() if runner is not None else contextlib.nullcontext():
                         outs[0] = _base_call(base_fn, ref_mod, seed, device, dtype, flusher, ref, widen)
                 elif runner is not None:  # a cached baseline: its outputs still check the candidate's
-                    outs[0] = reference_outputs(ref_model, ref_mod, seed, device, dtype, runner, widen)
+                    outs[0] = reference_outputs(ref_model, ref_mod, seed, device, dtype, runner, widen, ref.gauge_ms)
             elif runner is not None:
                 outs[1] = candidate(seed, cand).outputs
         timing.reps += 1
