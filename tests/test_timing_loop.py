@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -257,3 +258,29 @@ def test_the_gauge_is_read_in_the_judge_after_each_share_call_and_in_each_frozen
                               harness_cpu=(0.8, 0.0), harness_gauge=1e-6)
     assert len(result.ref.gauge_ms) == 3 and all(g >= 0 for g in result.ref.gauge_ms)  # timed calls, not warm-up
     assert result.harness_load == LOAD_CAP  # against a 1 ns build as the share was read: the cap
+
+
+def test_a_cpu_clock_charge_is_weighed_on_a_second_loop_and_the_smaller_excess_kept():
+    """The CPU clock's charge stands only where a second loop shows it too: an honest one-off (a reading over the
+    tolerance once in a whole-suite run) clears, work hidden in both loops stays charged, and a second loop the
+    clock could not read (a task made and gone) does not replace a charged one."""
+    from kb_gym.worker import judge_timing
+    from kb_gym.worker.cpu_clock import Window
+
+    def paired(forward_ms: float, void: int = 0) -> timing.PairedTiming:
+        window = Window(total_ms=0.5 + forward_ms, heaviest_thread_ms=0.5 + forward_ms, other_threads_ms=0.0,
+                        exited_threads_ms=0.0, unaccounted=False, cpus=2)
+        side = timing.Side(event_ms=[0.07] * 4, envelope_ms=[1.0] * 4, cpu=[window] * (4 - void), cpu_void=void)
+        run = timing.PairedTiming(timing.Side(event_ms=[0.07] * 4), side, 4, 0.1, timing.Calibration(0.5, 0.01),
+                                  "cpu", harness_cpu=(0.5, 0.01))
+        run.seconds = 0.5
+        return run
+
+    far = time.monotonic() + 60
+    assert paired(0.35).cpu_counted()  # 0.28 ms over a 0.2 ms tolerance
+    cleared = judge_timing.retime(paired(0.35), lambda cal: paired(0.09), far, cpu=True)
+    assert cleared.retimed and not cleared.cpu_counted() and cleared.seconds == 1.0
+    liar = judge_timing.retime(paired(1.3), lambda cal: paired(1.25), far, cpu=True)
+    assert liar.retimed and liar.cpu_counted() and liar.cpu_excess_ms() == pytest.approx(1.18)
+    unread = judge_timing.retime(paired(1.3), lambda cal: paired(0.0, void=1), far, cpu=True)
+    assert unread.cpu_counted() and unread.cpu_excess_ms() == pytest.approx(1.23)

@@ -68,7 +68,9 @@ def honest_after(ev: Evaluator, config: EvalConfig = CHECK) -> None:
     r = ev.evaluate(GELU, HONEST, config=config)
     assert r.status == "correct", (r.status, r.error)
     # the envelope and the runner's overhead in the message: a side_stream here is a false alarm to explain
-    assert set(r.flags) <= {"no_custom_kernel"}, (r.flags, r.correctness.get("envelope"), r.worker.get("overhead_ms"))
+    envelope = r.correctness.get("envelope") or {}
+    assert set(r.flags) <= {"no_custom_kernel"}, (r.flags, envelope.get("cpu_clock"), envelope.get("burst"), envelope,
+                                                  r.worker.get("overhead_ms"))
 
 
 def next_after_poison(ev: Evaluator, problem: Problem, first: EvalResult, config: EvalConfig) -> EvalResult:
