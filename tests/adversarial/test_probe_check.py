@@ -102,19 +102,20 @@ def test_the_reading_weighs_the_spares_spread():
     assert noisy.tolerance_ms == pytest.approx(3 * 0.02)
     assert isinstance(calm, ProbeReading) and calm.to_dict()["counted"] is False
     uneven = read_probe(0.01, cand, [Window(0.05, 3, 0.3)] * 5,
-                        [(Window(0.55, 3, 0.8 + d), 0.5) for d in (0.0, 0.2, -0.2, 0.0)])
-    assert uneven.wall_tolerance_ms == pytest.approx(3 * 0.1)  # the reference calls' idle time, as uneven as it is
+                        [(Window(0.55, 3, 0.8 + d), 0.5) for d in (0.0, 0.8, -0.8, 0.0)])
+    assert uneven.wall_tolerance_ms == pytest.approx(3 * 0.4)  # the reference calls' idle time, as uneven as it is
 
 
 def test_a_forward_computed_off_the_gpu_is_charged_its_wall_time():
-    # No gap (its work is on the CPU or a copy engine) but a window 0.8 ms longer than a reference call's beyond its
-    # forward.
-    reading = read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
-    assert reading.counted and reading.by_wall and reading.charged_ms == pytest.approx(0.799), reading
+    # No gap (its work is on the CPU or a copy engine) but a window 1.8 ms longer than a reference call's beyond its
+    # forward (over the wall's 1 ms floor: two processes' host costs drift apart, probe_check.WALL_FLOOR_MS).
+    reading = read_probe(0.001, [Window(0.05, 3, 2.1)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
+    assert reading.counted and reading.by_wall and reading.charged_ms == pytest.approx(1.799), reading
+    assert not read_probe(0.001, [Window(0.05, 3, 1.1)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS).counted
     # each window's reading is kept beside the medians (what a charge on a real GPU is read from)
     assert reading.reference_idle_ms == pytest.approx(0.3) and reading.harness_span_ms == 0.3, reading
-    assert reading.wall_samples_ms == [0.8] * 8 and reading.busy_samples_ms == [0.0] * 8, reading
-    assert reading.to_dict()["wall_samples_ms"] == [0.8] * 8
+    assert reading.wall_samples_ms == [1.8] * 8 and reading.busy_samples_ms == [0.0] * 8, reading
+    assert reading.to_dict()["wall_samples_ms"] == [1.8] * 8
     honest = read_probe(0.2, [Window(0.25, 3, 0.55)] * 8, [Window(0.05, 3, 0.3)] * 5, FORWARDS)
     assert not honest.counted, honest
 
@@ -126,17 +127,17 @@ def test_a_forwards_own_host_cost_is_held_to_the_references_not_to_a_harness_onl
     forwards = [(Window(0.086, 3, 0.686), 0.036)] * 4  # harness 0.3 ms of wall, host 0.35, forward 0.036
     honest = read_probe(0.036, [Window(0.086, 3, 0.686)] * 8, [Window(0.05, 3, 0.3)] * 5, forwards)
     assert not honest.counted and honest.wall_ms == pytest.approx(0.036), honest
-    # 0.8 ms of host work beyond the reference's is still charged
-    liar = read_probe(0.001, [Window(0.05, 3, 0.686 + 0.8)] * 8, [Window(0.05, 3, 0.3)] * 5, forwards)
-    assert liar.counted and liar.by_wall and liar.charged_ms == pytest.approx(0.835, abs=0.01), liar
+    # 1.8 ms of host work beyond the reference's is still charged
+    liar = read_probe(0.001, [Window(0.05, 3, 0.686 + 1.8)] * 8, [Window(0.05, 3, 0.3)] * 5, forwards)
+    assert liar.counted and liar.by_wall and liar.charged_ms == pytest.approx(1.835, abs=0.01), liar
     # end to end on the simulated device: the spare's reference calls pay the same host cost
     dev = Device()
     t = judge(FakeProbe(dev), FakeRunner(dev, 0.036, host_ms=0.35), FakeRunner(dev, 0.036, host_ms=0.35),
               timing_claiming(0.036))
     assert not t.probe.counted, t.probe
-    t = judge(FakeProbe(dev), FakeRunner(dev, 0.0, claim=0.001, host_ms=1.2), FakeRunner(dev, 0.036, host_ms=0.35),
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.0, claim=0.001, host_ms=2.2), FakeRunner(dev, 0.036, host_ms=0.35),
               timing_claiming(0.001))
-    assert t.probe.counted and t.probe.by_wall and t.probe.charged_ms == pytest.approx(0.85, abs=0.05), t.probe
+    assert t.probe.counted and t.probe.by_wall and t.probe.charged_ms == pytest.approx(1.85, abs=0.05), t.probe
 
 
 def test_a_pass_the_candidate_left_unreadable_is_unverified_not_skipped():
