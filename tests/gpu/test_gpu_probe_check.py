@@ -130,4 +130,5 @@ def test_a_false_event_time_is_charged_what_the_probe_saw(ev):
     assert probe["counted"] and "side_stream" in r.flags, (probe, r.flags)
     assert probe["forward_ms"] > 0.02 and r.runtime_ms >= probe["forward_ms"] * 0.9, (probe, r.runtime_ms)
     honest = ev.evaluate(RELU, TRITON_RELU, config=CONFIG)  # the next honest evaluation is judged as on a fresh one
-    assert honest.status == "correct" and not honest.correctness["envelope"]["probe"]["counted"]
+    assert honest.status == "correct", (honest.status, honest.error)
+    assert not honest.correctness["envelope"]["probe"]["counted"], honest.correctness["envelope"]["probe"]
