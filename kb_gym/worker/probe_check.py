@@ -74,9 +74,11 @@ SPREAD_FACTOR = 3.0  # x the median absolute deviation of the spare's harness re
 # Wall time: a candidate's runner against the spare's reference calls, two processes, whose host costs per call drift
 # apart as the envelope's overheads do (0.4 ms between identical runners on the H200). On an H100 (session 32) ten
 # honest reference copies and Triton kernels read -0.89..+0.37 ms of wall over their claims, one steady at +0.31 ms
-# (every sample 0.16-0.43) and charged at the envelope's own 0.3 ms floor. The envelope holds host work at 0.3 ms
-# with a second spare's opinion; this reading is the backstop for gross host work beside a false claim.
-WALL_FLOOR_MS = 1.0
+# (every sample 0.16-0.43) and charged at the envelope's own 0.3 ms floor. The envelope cannot take the floor's
+# place: a liar that skips the pristine runner's 1 ms shield hides ~1.3 ms of host work from it (round 24's 0.8 ms
+# off the SMs). 0.6 ms clears the honest offsets seen (+0.37 ms at most) and charges that attack; the GPU tests
+# passed at 1 ms, not yet run at 0.6 (docs/benchmarks.md 0z).
+WALL_FLOOR_MS = 0.6
 BLIND_SHARE = 0.5  # a pristine shield the probe sees less than this share of: the probe is blind
 QUIET_S = 0.002  # with the candidate's tree stopped, the device must stay free of other contexts' work this long
 QUIET_MAX_MS = 0.02  # ... up to this much of it, there and between the spare's calls (a neighbour's stray launch)
