@@ -244,8 +244,8 @@ def test_the_gauge_is_read_in_the_judge_after_each_share_call_and_in_each_frozen
                              cpu=Window(0.9, 0.9, 0.0, 0.0, False, 2))
 
     built: list[float] = []
-    share = timing.harness_cpu(SharedRunner(log), list(range(6)), timeout=5.0, build=lambda s: log.append("build"),
-                               gauge_ms=built)
+    share = timing.harness_cpu(SharedRunner(log), list(range(6)), timeout=5.0,
+                               build=lambda s: built.append(float(s)) or log.append("build"))
     assert share == (pytest.approx(0.8), 0.0)
     assert len(built) == 4 and log == ["call"] * 2 + ["call", "build"] * 4  # none after the two warm-up calls
 

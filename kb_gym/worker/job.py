@@ -39,7 +39,7 @@ from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, tr
 from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.protocol import encode
 from kb_gym.worker.runner_pool import RunnerPool
-from kb_gym.worker.timing import Calibration, harness_cpu
+from kb_gym.worker.timing import Calibration, gauged_inputs, harness_cpu
 
 STAGE_MARGIN = 2.0  # seconds the judge keeps of a stage's limit to report a runner's timeout itself
 # What one result may take on the wire: results are tens of kB; the protocol allows 8 MB a message
@@ -409,9 +409,9 @@ def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float, re
             seeds = [ctx.seed(seed, f"harness_cpu_{kind}", k) for k in range(HARNESS_CALLS)]
             built: list[float] = []  # the host's load as the share was read: the loop's builds are held to it
             shares[kind] = harness_cpu(runner, seeds, timeout=max(1.0, 0.25 * (deadline - time.monotonic())),
-                                       widen=kind == "widened", gauge_ms=built,
-                                       build=lambda s, w=kind == "widened": make_inputs(ref_mod, s ^ 1, ctx.device,
-                                                                                        dtype, widen=w))
+                                       widen=kind == "widened",
+                                       build=lambda s, w=kind == "widened", g=built: gauged_inputs(
+                                           ref_mod, s ^ 1, ctx.device, dtype, w, g))
             if built:
                 gauges[kind] = min(built)  # the least, as the share's own reading and the loop's (load_factor)
     except StageError as exc:

@@ -6,7 +6,6 @@ and the loop timed again where an excess shows, the burst check (burst.py), and 
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -314,8 +313,8 @@ def retime(first: PairedTiming, timed_loop: Any, deadline: float, cpu: bool = Fa
             return first
         raise
     if cpu:
-        smaller = (again.cpu_excess_ms() if again.cpu_excess_ms() is not None else math.inf) < (
-            first.cpu_excess_ms() or 0.0)
+        excess = again.cpu_excess_ms()  # None: a loop the clock could not read
+        smaller = excess is not None and excess < (first.cpu_excess_ms() or 0.0)
     else:
         smaller = again.excess_ms() < first.excess_ms()
     kept = again if (again.mismatch or smaller) else first

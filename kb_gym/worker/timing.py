@@ -309,25 +309,22 @@ def calibrate_overhead(runner: RunnerProcess, base_fn: Callable[..., Any], ref_m
 
 
 def harness_cpu(runner: RunnerProcess, seeds: list[int], timeout: float, widen: bool = False,
-                build: Callable[[int], Any] | None = None, gauge_ms: list[float] | None = None
-                ) -> tuple[float, float] | None:
+                build: Callable[[int], Any] | None = None) -> tuple[float, float] | None:
     """The harness's CPU time per timed call (median, and its median absolute deviation) in ``runner`` while it is
     still pristine, prepared with the reference model: its heaviest thread's time less the forward's event, on
     timed reference calls (the first two warm up). Another process, the spare, read 0.3-2 ms a call off on 2 MB
     tensors on a 2-core host (round 25). None where a call had no reading the kernel could vouch for.
 
-    ``build``: the judge builds a call's inputs after each call, its thread's CPU time for that appended to
-    ``gauge_ms`` (the load gauge, cpu_clock.py): after a call, as the loop's baseline builds are (back to back, the
-    same builds read ~11% less: warmer caches)."""
+    ``build``: called after each call past the warm-up, where the judge gauges its own input builds
+    (gauged_inputs, the load gauge of cpu_clock.py): after a call, as the loop's baseline builds are (back to back,
+    the same builds read ~11% less: warmer caches)."""
     gaps = []
     for k, seed in enumerate(seeds):
         reply = runner.call(seed, timeout=timeout, byte_limit=1 << 40, timed=True, target="reference", widen=widen)
         if k < 2:
             continue
-        if build is not None and gauge_ms is not None:
-            began = time.thread_time_ns()
+        if build is not None:
             build(seed)
-            gauge_ms.append((time.thread_time_ns() - began) / 1e6)
         if reply.event_ms is None or reply.cpu is None or reply.cpu.unaccounted:
             return None
         gaps.append(reply.cpu.heaviest_thread_ms - reply.event_ms)
