@@ -100,6 +100,10 @@ def _timing_text(result: EvalResult) -> str:
     if result.speed_of_light_fraction:
         text += (f" That is {result.speed_of_light_fraction:.0%} of this GPU's speed of light for the problem "
                  "(every byte moved once at peak bandwidth, or its FLOPs at peak throughput).")
+    resolution = ((result.correctness or {}).get("envelope") or {}).get("resolution_ms") or 0.0
+    if resolution and min(result.runtime_ms, result.ref_runtime_ms) < resolution:
+        text += (f" Times under {resolution:.3g} ms are below what the judge's clock can confirm and count as "
+                 f"{resolution:.3g} ms in the speedup.")
     if result.host_runtime_ms and result.host_runtime_ms > 2 * result.runtime_ms + 0.05:
         text += (f" The host side took {result.host_runtime_ms:.3g} ms per call: launch overhead dominates, fewer "
                  "kernel launches would help more than faster kernels.")

@@ -284,3 +284,41 @@ def test_a_cpu_clock_charge_is_weighed_on_a_second_loop_and_the_smaller_excess_k
     assert liar.retimed and liar.cpu_counted() and liar.cpu_excess_ms() == pytest.approx(1.18)
     unread = judge_timing.retime(paired(1.3), lambda cal: paired(0.0, void=1), far, cpu=True)
     assert unread.cpu_counted() and unread.cpu_excess_ms() == pytest.approx(1.23)
+
+
+def test_times_under_the_checking_clocks_resolution_are_credited_as_it_on_both_sides():
+    """Round 4 on a GPU: a 1 us claim over a ~4 us forward is under the probe's resolution (probe_check.FLOOR_MS), so
+    it read 4.3x uncharged. Both sides are raised to the floor in the speedup: the lie gains nothing, a reference copy
+    still reads 1, times over the floor are untouched, and a claim no probe pass read keeps its own numbers."""
+    from kb_gym.feedback import _timing_text
+    from kb_gym.result import EvalResult
+    from kb_gym.worker.probe_check import FLOOR_MS, ProbeReading
+
+    def reading(passes: int = 2, unverified: str = "") -> ProbeReading:
+        return ProbeReading(8, 0.001, 0.004, 0.6, 0.01, 3.0, 3.0, FLOOR_MS, passes=passes, unverified=unverified)
+
+    def summary(ref_ms: float, cand_ms: float, probe: ProbeReading | None) -> dict:
+        paired = timing.PairedTiming(timing.Side(event_ms=[ref_ms] * 5), timing.Side(
+            event_ms=[cand_ms] * 5, envelope_ms=[cand_ms + 0.05] * 5), 5, 0.05, timing.Calibration(0.05, 0.01), "cuda",
+            probe=probe)
+        return paired.summary()
+
+    lie = summary(0.0043, 0.001, reading())
+    assert lie["speedup"] == pytest.approx(1.0) and lie["speedup_ci"] == pytest.approx([1.0, 1.0])
+    assert lie["runtime_ms"] == pytest.approx(0.001) and lie["envelope"]["resolution_ms"] == FLOOR_MS
+    assert summary(0.0043, 0.0044, reading())["speedup"] == pytest.approx(1.0)  # a reference copy
+    # over the floor on the baseline's side, a claim under it is credited as the floor: at most the lie's 2x bound
+    assert summary(0.2, 0.001, reading())["speedup"] == pytest.approx(0.2 / FLOOR_MS)
+    assert summary(0.8, 0.4, reading())["speedup"] == pytest.approx(2.0)  # both over it: untouched
+    assert summary(0.0043, 0.001, None)["speedup"] == pytest.approx(4.3)  # no probe: the envelope alone, as before
+    unread = summary(0.0043, 0.001, reading(passes=0, unverified="no pass"))
+    assert unread["envelope"]["resolution_ms"] == 0.0  # unverified_timing (no credit) speaks for it instead
+    # a cached baseline's interval is floored the same way
+    paired = timing.PairedTiming(timing.Side(), timing.Side(event_ms=[0.001] * 5, envelope_ms=[0.05] * 5), 5, 0.05,
+                                 timing.Calibration(0.05, 0.01), "cuda", probe=reading())
+    cached = paired.summary(cached_ref=(0.0043, 0.004, 0.0046))
+    assert cached["speedup"] == pytest.approx(1.0) and cached["speedup_ci"] == pytest.approx([1.0, 1.0])
+    # and the policy is told why its time did not count
+    result = EvalResult(status="correct", correct=True, runtime_ms=lie["runtime_ms"], speedup=lie["speedup"],
+                        ref_runtime_ms=lie["ref_runtime_ms"], timing_reps=5, correctness={"envelope": lie["envelope"]})
+    assert f"count as {FLOOR_MS:.3g} ms" in _timing_text(result)

@@ -117,6 +117,13 @@ class ProbeReading:
     def counted(self) -> bool:
         return self.charged_ms > 0 or bool(self.unverified)
 
+    @property
+    def resolution_ms(self) -> float:
+        """The least time this reading can vouch for: under FLOOR_MS a false claim hides all of its GPU work (round
+        4's 1 us lie on a ~4 us GELU read 4.3x on an H100), so a time below it is credited as FLOOR_MS
+        (timing.PairedTiming.resolution_ms); 0 where no pass read the claim."""
+        return FLOOR_MS if self.passes and not self.unverified else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "counted": self.counted}
 

@@ -194,6 +194,17 @@ class PairedTiming:
         extra += self.probe.charged_ms if self.probe else 0.0
         return [c + extra for c in self.cand.event_ms]
 
+    def resolution_ms(self) -> float:
+        """The least time a claim is credited as: the absolute floor of the clock that checked it (the probe's on a
+        GPU, the CPU clock's on the CPU). Under that floor a false claim can hide all its work and claim any time at
+        all (round 4), so in the speedup both sides' times are raised to it, the baseline's too (a reference copy
+        still reads 1): a lie under it gains at most what a lie of the floor's size gains over it, 2x, as above it.
+        0 where only the envelope checked the claim (its floor, 0.3 ms on a GPU, is not applied: docs/integrity.md,
+        Open)."""
+        probe = self.probe.resolution_ms if self.probe else 0.0
+        cpu = CPU_CLOCK_FLOOR_MS if self.cpu_excess_ms() is not None else 0.0
+        return max(probe, cpu)
+
     def summary(self, cached_ref: tuple[float, float, float] | None = None) -> dict[str, Any]:
         """Medians and intervals; ``cached_ref`` (median, low, high) stands in for an untimed baseline."""
         ref_med, ref_lo, ref_hi = cached_ref or median_ci(self.ref.event_ms)
@@ -207,15 +218,23 @@ class PairedTiming:
         hidden = self.hidden_work()
         cand = self.charged_ms()
         med, lo, hi = median_ci(cand)
+        floor = self.resolution_ms()
+
+        def ratio(r: float, c: float) -> float:
+            return max(r, floor) / max(c, floor) if max(c, floor) > 0 else math.nan
+
         if cached_ref is None:
-            ratios = [r / c for r, c in zip(self.ref.event_ms, cand, strict=False) if c > 0]
+            ratios = [ratio(r, c) for r, c in zip(self.ref.event_ms, cand, strict=False) if max(c, floor) > 0]
             _, s_lo, s_hi = median_ci(ratios)
         else:  # cached baseline: the interval comes from both medians' intervals
-            s_lo, s_hi = (ref_lo / hi if hi > 0 else math.nan), (ref_hi / lo if lo > 0 else math.nan)
-        out.update(runtime_ms=med, runtime_ci_ms=[lo, hi], speedup=(ref_med / med) if med > 0 else None,
+            s_lo, s_hi = ratio(ref_lo, hi), ratio(ref_hi, lo)
+        out.update(runtime_ms=med, runtime_ci_ms=[lo, hi],
+                   speedup=ratio(ref_med, med) if max(med, floor) > 0 else None,
                    speedup_ci=[s_lo, s_hi],
                    host_runtime_ms=median_ci(self.cand.host_ms)[0] if self.cand.host_ms else None,
                    envelope={"excess_ms": excess, "tolerance_ms": tolerance, "rtt_ms": self.rtt_ms,
+                             # times under it were credited as it in the speedup (resolution_ms)
+                             "resolution_ms": floor,
                              "overhead_ms": cal.overhead_ms, "overhead_spread_ms": cal.spread_ms,
                              "calibrated": self.calibration is not None, "counted": hidden,
                              "calibration_age_s": (time.monotonic() - self.calibration.measured_at
