@@ -74,7 +74,7 @@ class WorkerContext:
         if self.pool is not None:
             self.pool.prestart()
         self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
-        self.harness_shares: dict[Any, tuple[float, float]] = {}  # probe_check: a problem's lowest harness share
+        self.harness_shares: dict[Any, Any] = {}  # probe_check.SpareReading per problem and path: the lowest share's
 
     def seed(self, job_seed: int, purpose: str, k: int = 0) -> int:
         digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()

@@ -223,3 +223,61 @@ def test_a_runner_sees_only_its_judges_gpu(monkeypatch):
     assert runner.narrow_to_one_gpu("cuda:1") == "cuda:0"
     assert runner.os.environ["CUDA_VISIBLE_DEVICES"] == "5" and ENV_GPU not in runner.os.environ
     assert runner.narrow_to_one_gpu("cpu") == "cpu"
+
+
+def test_a_problems_next_candidates_are_read_against_its_kept_spare_calls():
+    """The spare's 11 calls of a pass are kept per problem and path (the lowest share's, for SHARE_TTL_S) and stand in
+    for a fresh spare in the next candidates' first passes: an honest one is read without a spare; a liar's charge
+    is read again against a fresh spare and stands."""
+    dev = Device()
+    shares: dict = {}
+    spare = FakeRunner(dev, 0.5)
+    first = judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
+    assert not first.probe.counted and first.probe.spare_age_s == 0.0 and spare.calls == probe_check.SPARE_PASS_CALLS
+    honest_spare = FakeRunner(dev, 0.5)
+    honest = judge(FakeProbe(dev), FakeRunner(dev, 0.2), honest_spare, timing_claiming(0.2), shares=shares)
+    assert not honest.probe.counted and honest_spare.calls == 0 and honest.probe.spare_age_s > 0, honest.probe
+    assert honest.probe.forward_ms == pytest.approx(first.probe.forward_ms, abs=0.01)
+    liar_spare = FakeRunner(dev, 0.5)
+    liar = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), liar_spare, timing_claiming(0.001), shares=shares)
+    assert liar.probe.counted and liar.probe.passes == 2, liar.probe
+    assert liar_spare.calls == probe_check.SPARE_PASS_CALLS  # the second pass's fresh spare
+    assert liar.summary()["runtime_ms"] == pytest.approx(0.2, abs=0.01)
+    # the liar's fresh spare calls (a share no higher) are kept in their place; reused REUSES times at most, then a
+    # pass makes its own again
+    spares = [FakeRunner(dev, 0.5) for _ in range(probe_check.REUSES + 1)]
+    for spare in spares:
+        judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
+    assert [spare.calls for spare in spares] == [0] * probe_check.REUSES + [probe_check.SPARE_PASS_CALLS]
+
+
+def test_kept_spare_calls_expire_and_reuse_can_be_turned_off(monkeypatch):
+    dev = Device()
+    shares: dict = {}
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), shares=shares)
+    monkeypatch.setattr(probe_check, "SHARE_TTL_S", 0.0)
+    stale = FakeRunner(dev, 0.5)
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), stale, timing_claiming(0.2), shares=shares)
+    assert stale.calls == probe_check.SPARE_PASS_CALLS
+    monkeypatch.setattr(probe_check, "SHARE_TTL_S", 60.0)
+    monkeypatch.setattr(probe_check, "REUSE_SPARE", False)
+    fresh = FakeRunner(dev, 0.5)
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2), fresh, timing_claiming(0.2), shares=shares)
+    assert fresh.calls == probe_check.SPARE_PASS_CALLS and t.probe.spare_age_s == 0.0
+
+
+def test_the_kept_spare_calls_are_the_lowest_shares(monkeypatch):
+    """A pass whose harness share came out higher (a slower harness, or work slipped into the spare's windows) does
+    not replace the kept calls; a lower one does."""
+    dev = Device()
+    shares: dict = {}
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5, harness=0.05), timing_claiming(0.2),
+          shares=shares)
+    low = shares["problem"].share_ms
+    monkeypatch.setattr(probe_check, "REUSE_SPARE", False)
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5, harness=0.3), timing_claiming(0.2),
+          shares=shares)
+    assert shares["problem"].share_ms == low
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5, harness=0.02), timing_claiming(0.2),
+          shares=shares)
+    assert shares["problem"].share_ms < low
