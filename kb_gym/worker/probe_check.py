@@ -14,7 +14,7 @@ After the timing loop, where the claimed median is under a time slice (MAX_CLAIM
    FORWARD_CALLS unshielded calls of the reference. The harness-only windows' GPU time is the harness's share; the
    reference calls' spans less their forwards' events are what a whole call costs the wall beyond its forward (the
    reference idle time). The device must stay quiet between them.
-2. The candidate runs CALLS timed calls, each output checked against the reference.
+2. The candidate runs CALLS timed calls, each output checked against the reference once the probe has stopped.
 
 Each call lies between two marks the judge reads from the probe: before the seed goes out, and once the outputs are
 the judge's (received whole: the runner hashes nothing, so whatever it computes until then is in the window; or, for
@@ -54,6 +54,7 @@ from kb_gym.worker.loading import StageError
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
+from kb_gym.worker.spot_check import verified
 
 MAX_CLAIM_MS = 2.0  # a forward claimed under this runs within one time slice beside the probe (H200: ~2-3 ms)
 CALLS = 8  # the candidate's calls per pass
@@ -289,7 +290,9 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         torch.cuda.synchronize(device)  # the judge's own context idle inside the window
         return process.call(seed, timeout=timeout(), timed=True, target=target, marks=mark, **call)
 
-    spare_replies, cand_replies = [], []
+    spare_replies: list[CallReply] = []
+    cand_replies: list[CallReply] = []
+    seeds = fresh_seeds(CALLS)
     quiet: list[int] = []
     after = 0
     try:
@@ -316,17 +319,16 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                         why = f"the spare failed beside the candidate: {exc.message[:200]}"
                         return (why if "out of memory" in exc.message.lower() else _Skip(why)), None
                     after = probe.mark()
-            for j, seed in enumerate(fresh_seeds(CALLS)):
-                reply = timed(runner, seed, "candidate")
-                why = check(reply.outputs, reference(seed), seed)
-                if why:
-                    return _Mismatch(f"probe call {j + 1} of {CALLS}, after the timed calls: {why}"), None
-                cand_replies.append(reply)
+            for seed in seeds:
+                cand_replies.append(timed(runner, seed, "candidate"))
             gaps = probe.stop()
     except PassVoid as exc:
-        return str(exc), None
+        return _checked(cand_replies, seeds, reference, check) or str(exc), None
     except ProbeError as exc:
-        return _Skip(str(exc)), None
+        return _checked(cand_replies, seeds, reference, check) or _Skip(str(exc)), None
+    wrong = _checked(cand_replies, seeds, reference, check)
+    if wrong:
+        return wrong, None
     if any(r.window is None for r in spare_replies + cand_replies):
         return _Skip(probe.note or "a mark was missing"), None
     measured = None
@@ -351,6 +353,18 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                          lowest_share)
     reading.spare_age_s = 0.0 if measured else time.monotonic() - basis.at
     return reading, measured
+
+
+def _checked(replies: list[CallReply], seeds: list[int], reference: Callable[[int], Any],
+             check: Callable[[Any, Any, int], str | None]) -> _Mismatch | None:
+    """The first of the candidate's calls whose outputs are wrong, checked once the probe has stopped (beside it each
+    of the judge's own GPU visits, the reference's outputs, the comparison, drawn chunks hashed, waits out its time
+    slice), and also where the pass was void: the outputs are the judge's copies either way."""
+    for j, (seed, reply) in enumerate(zip(seeds, replies, strict=False)):
+        why = check(verified(reply.outputs), reference(seed), seed)
+        if why:
+            return _Mismatch(f"probe call {j + 1} of {CALLS}, after the timed calls: {why}")
+    return None
 
 
 def _window(gaps: list[tuple[int, int]], window: tuple[int, int]) -> Window:

@@ -43,7 +43,7 @@ from kb_gym.worker.runner_replies import (
     pch_record,
 )
 from kb_gym.worker.runner_start import READS_BREAK_CUDA, runner_env, widen_pipe
-from kb_gym.worker.spot_check import SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
+from kb_gym.worker.spot_check import DrawnChunks, SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
     PINNED_RECEIVE_BYTES,
     WIRE_DTYPES,
@@ -331,7 +331,8 @@ class RunnerProcess:
         probe clock's pass (probe_check.py): the runner neither flushes nor (but for the reference) shields, and
         ``marks()`` is read right before the seed is sent and once the outputs are the judge's (``CallReply.window``):
         whole outputs received, decoded and copied (the runner hashes nothing: what it computes until then is in the
-        window), or the drawn chunks received (their hashes, sent with "done", commit the whole)."""
+        window), or at "done", whose chunk hashes commit the whole; the drawn chunks then come as DrawnChunks, to be
+        checked once the probe has stopped (``spot_check.verified``)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
@@ -357,9 +358,9 @@ class RunnerProcess:
             launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
-                sampled = self._sampled(msg, nonce, chunk_bytes, timeout)
                 if marks is not None:
                     window = self._window(before, marks)
+                sampled = self._sampled(msg, nonce, chunk_bytes, timeout, defer=marks is not None)
                 if cpu_before is not None:
                     cpu = cpu_clock.window(cpu_before, cpu_clock.settled(self.pid))
                 return self._reply(msg, envelope, sampled, window, cpu)
@@ -461,8 +462,10 @@ class RunnerProcess:
                          dataflow=dataflow_report(msg.get("dataflow")), window=window,
                          shield_ms=finite_ms(msg.get("shield_ms")), cpu=cpu)
 
-    def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float) -> SampledOutputs:
-        """After "done": draw chunks, ask for them, check each against the hash "done" carried."""
+    def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float,
+                 defer: bool = False) -> SampledOutputs | DrawnChunks:
+        """After "done": draw chunks, ask for them, check each against the hash "done" carried; with ``defer``,
+        copied to the host now and checked when DrawnChunks.verify is called."""
         meta = msg["outputs"]
         try:
             check_hash_lists(meta, msg.get("chunk_hashes"), chunk_bytes)
@@ -484,8 +487,18 @@ class RunnerProcess:
             raise WireError("the runner's chunks are not the sizes asked for")
         raw, _ = self._payload(head, expected_nbytes(described, sum(sizes)), timeout, reuse=False)
         # decoded (copied) first, to the device of the output each chunk is of; then hashed from those copies
-        pieces = decode([{**d, "device": meta[k].get("device")} for d, (k, _) in zip(described, want, strict=True)],
+        on = [meta[k].get("device") for k, _ in want]
+        pieces = decode([{**d, "device": None if defer else where} for d, where in zip(described, on, strict=True)],
                         raw, self.torch_device)
+        if defer:
+            return DrawnChunks(lambda: self._checked_chunks(
+                msg, nonce, chunk_bytes, want, [p.to(self.torch_device) if where == "cuda" else p
+                                                for p, where in zip(pieces, on, strict=True)]))
+        return self._checked_chunks(msg, nonce, chunk_bytes, want, pieces)
+
+    def _checked_chunks(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, want: list[tuple[int, int]],
+                        pieces: list[torch.Tensor]) -> SampledOutputs:
+        meta = msg["outputs"]
         chunks = []
         for (k, j), piece in zip(want, pieces, strict=True):
             if chunk_hash(piece, nonce, k, j, chunk_bytes, self.device_digest) != msg["chunk_hashes"][k][j]:

@@ -17,6 +17,7 @@ its hash and its values against the reference's at the same positions. What that
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,22 @@ class SampledOutputs:
 
     meta: list[dict[str, Any]]
     chunks: list[tuple[int, int, torch.Tensor]]  # (output, first element, values as a 1-D tensor)
+
+
+@dataclass
+class DrawnChunks:
+    """A probe call's drawn chunks, received and copied to the judge's host, not yet checked against their hashes:
+    with the probe spinning, each of the judge's own GPU visits waits out the probe's time slice (~2.5 ms on an
+    H100: 16 chunks copied and hashed one by one came to ~70 visits, ~0.18 s a call), so the pass checks them once
+    the probe has stopped (probe_check.py). ``verify()``: the SampledOutputs, or StageError as a call's check would
+    raise it."""
+
+    verify: Callable[[], SampledOutputs]
+
+
+def verified(outputs: Any) -> Any:
+    """A call's outputs, with DrawnChunks checked now."""
+    return outputs.verify() if isinstance(outputs, DrawnChunks) else outputs
 
 
 def reference_pieces(ref_tensors: list[torch.Tensor], sample: SampledOutputs) -> tuple[list[torch.Tensor], str | None]:

@@ -64,6 +64,33 @@ def test_a_wrong_output_in_a_probe_call_is_a_mismatch():
     assert t.mismatch and "probe call 1" in t.mismatch and t.probe is None
 
 
+def test_probe_calls_are_checked_once_the_probe_has_stopped_and_a_void_pass_still_checks_them():
+    # Beside the spinning probe each of the judge's own GPU visits (the reference's outputs, the comparison, drawn
+    # chunks hashed) waits out a time slice, so the checks wait for the probe's stop; a pass the candidate made
+    # unreadable must not let its wrong outputs off with an unverified claim.
+    dev = Device()
+    seen: list[bool] = []
+
+    def check(out, ref, seed):
+        seen.append(dev.spinning)
+        return None if torch.equal(out, ref) else "wrong values"
+
+    t = timing_claiming(0.2)
+    probe_check.confirm(FakeProbe(dev), FakeRunner(dev, 0.2), lambda: FakeRunner(dev, 0.5), t,
+                        lambda seed: torch.full((4,), float(seed % 1000)), check, torch.device("cuda"), {},
+                        lambda: 60.0)
+    assert not t.probe.counted and len(seen) == probe_check.CALLS and not any(seen), t.probe
+    probe = FakeProbe(dev)
+
+    def void():
+        dev.spinning = False
+        raise PassVoid("more than 65536 gaps in one pass")
+
+    probe.stop = void
+    wrong = judge(probe, FakeRunner(dev, 0.2, claim=0.001, wrong=True), FakeRunner(dev, 0.5), timing_claiming(0.001))
+    assert wrong.mismatch and "probe call 1" in wrong.mismatch and wrong.probe is None
+
+
 def test_long_claims_and_the_cpu_are_left_to_the_envelope():
     dev = Device()
     probe = FakeProbe(dev)
@@ -208,6 +235,40 @@ def test_a_runner_takes_the_judges_marks_around_a_probe_call(tmp_path):
         first = runner.call(9, timeout=60, byte_limit=1 << 30, timed=True, target="harness", marks=lambda: next(ticks))
         again = runner.call(10, timeout=60, byte_limit=1 << 30, timed=True, target="harness", marks=lambda: next(ticks))
         assert torch.equal(first.outputs, again.outputs) and again.window == (104, 105)
+    finally:
+        pool.close()
+
+
+def test_a_probe_calls_window_closes_at_done_where_outputs_are_drawn_in_chunks(tmp_path):
+    # "done" carries the chunk hashes that commit the whole outputs, so the window ends there; the drawn chunks come
+    # to the judge's host and are checked against those hashes when the pass asks (after the probe's stop), as a
+    # plain timed call checks them at once.
+    from kb_gym.worker.inputs import make_inputs
+    from kb_gym.worker.loading import load_module
+    from kb_gym.worker.runner_pool import RunnerPool
+    from kb_gym.worker.spot_check import DrawnChunks, SampledOutputs, verified
+
+    pool = RunnerPool("cpu", tmp_path)
+    try:
+        runner = pool.pristine(timeout=120)
+        assert runner is not None
+        runner.prepare(PROBLEM.replace("randn(64, 64)", "randn(256, 256)"), 0, "fp32", False, timeout=120,
+                       reference_model=True)
+        ticks = iter(range(100, 200))
+        reply = runner.call(7, timeout=60, byte_limit=1 << 30, timed=True, target="reference", chunk_bytes=4096,
+                            marks=lambda: next(ticks))
+        assert reply.window == (100, 101) and isinstance(reply.outputs, DrawnChunks)
+        sample = verified(reply.outputs)
+        plain = runner.call(7, timeout=60, byte_limit=1 << 30, timed=True, target="reference", chunk_bytes=4096)
+        assert isinstance(sample, SampledOutputs) and isinstance(plain.outputs, SampledOutputs)
+        assert len(sample.chunks) == 16 and all(bool((values >= 0).all()) for _, _, values in sample.chunks)
+        # each drawn chunk holds the reference's values at its place, for this call's seed
+        source = tmp_path / "problem.py"
+        source.write_text(PROBLEM.replace("randn(64, 64)", "randn(256, 256)"))
+        (x,) = make_inputs(load_module(source, "probe_problem"), 7, torch.device("cpu"), torch.float32)
+        expected = torch.relu(x).reshape(-1)
+        for _, first, values in sample.chunks:
+            assert torch.equal(values, expected[first:first + values.numel()])
     finally:
         pool.close()
 
