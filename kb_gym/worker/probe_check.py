@@ -122,6 +122,9 @@ class ProbeReading:
     by_wall: bool = False  # charged for wall time alone (``launch_bound``), not GPU time (``side_stream``)
     unverified: str = ""  # why no pass could confirm the claim (``unverified_timing``)
     voids: int = 0
+    # where the chosen pass's time went (s): the spare's calls (with the freeze), the candidate's, the checks after
+    # the probe's stop, and the whole pass (its start and stop included)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def counted(self) -> bool:
@@ -290,6 +293,8 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         torch.cuda.synchronize(device)  # the judge's own context idle inside the window
         return process.call(seed, timeout=timeout(), timed=True, target=target, marks=mark, **call)
 
+    began = time.perf_counter()
+    spent: dict[str, float] = {}
     spare_replies: list[CallReply] = []
     cand_replies: list[CallReply] = []
     seeds = fresh_seeds(CALLS)
@@ -319,16 +324,21 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                         why = f"the spare failed beside the candidate: {exc.message[:200]}"
                         return (why if "out of memory" in exc.message.lower() else _Skip(why)), None
                     after = probe.mark()
+                spent["spare"] = time.perf_counter() - began
+            t_cand = time.perf_counter()
             for seed in seeds:
                 cand_replies.append(timed(runner, seed, "candidate"))
+            spent["candidate"] = time.perf_counter() - t_cand
             gaps = probe.stop()
     except PassVoid as exc:
         return _checked(cand_replies, seeds, reference, check) or str(exc), None
     except ProbeError as exc:
         return _checked(cand_replies, seeds, reference, check) or _Skip(str(exc)), None
+    t_check = time.perf_counter()
     wrong = _checked(cand_replies, seeds, reference, check)
     if wrong:
         return wrong, None
+    spent["checks"] = time.perf_counter() - t_check
     if any(r.window is None for r in spare_replies + cand_replies):
         return _Skip(probe.note or "a mark was missing"), None
     measured = None
@@ -352,6 +362,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     reading = read_probe(claimed, [_window(gaps, r.window) for r in cand_replies], basis.harness, basis.forwards,
                          lowest_share)
     reading.spare_age_s = 0.0 if measured else time.monotonic() - basis.at
+    reading.seconds = {**{k: round(v, 3) for k, v in spent.items()}, "pass": round(time.perf_counter() - began, 3)}
     return reading, measured
 
 

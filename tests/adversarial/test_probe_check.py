@@ -80,6 +80,7 @@ def test_probe_calls_are_checked_once_the_probe_has_stopped_and_a_void_pass_stil
                         lambda seed: torch.full((4,), float(seed % 1000)), check, torch.device("cuda"), {},
                         lambda: 60.0)
     assert not t.probe.counted and len(seen) == probe_check.CALLS and not any(seen), t.probe
+    assert set(t.probe.seconds) == {"spare", "candidate", "checks", "pass"}  # where a pass's time went
     probe = FakeProbe(dev)
 
     def void():
