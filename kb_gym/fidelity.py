@@ -219,6 +219,12 @@ def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: 
            # where the wall goes (median per stage over the repeats): what an RL loop pays per evaluation
            "stage_seconds": {k: statistics.median(e.stage_seconds.get(k, 0.0) for e, _ in evals)
                              for k in r.stage_seconds}, **bare}
+    # the probe check per repeat, not a median: a problem's first pass measures the spare's calls, later ones reuse
+    # them (probe_check.REUSE_SPARE), so two repeats' median is neither
+    probes = [(e.correctness.get("envelope") or {}).get("probe") for e, _ in evals]
+    if any(isinstance(p, dict) and "seconds" in p for p in probes):
+        row["probe_check_s"] = [round(e.stage_seconds.get("probe_check", 0.0), 3) for e, _ in evals]
+        row["probe_pass_s"] = [p.get("seconds") if isinstance(p, dict) else None for p in probes]
     if r.runtime_ms and bare["cand_events_ms"]:
         row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
         row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]
@@ -247,7 +253,9 @@ def format_row(row: dict[str, Any]) -> str:
             f"burst {(env.get('burst') or {}).get('forwards', '-')}x "
             f"{f((env.get('burst') or {}).get('forward_ms'), '.4f')} charged "
             f"{f((env.get('burst') or {}).get('charged_ms'), '.4f')}"
-            + "".join(f" {k} {v:.2f}" for k, v in (row.get("stage_seconds") or {}).items()))
+            + "".join(f" {k} {v:.2f}" for k, v in (row.get("stage_seconds") or {}).items())
+            + (f" probe_check_s {'/'.join(f'{v:.2f}' for v in row['probe_check_s'])}" if row.get("probe_check_s")
+               else ""))
 
 
 def format_fidelity(report: dict[str, Any]) -> str:
