@@ -251,6 +251,9 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
             timing.mismatch = str(outcome)
             return
         if isinstance(outcome, _Skip):
+            if valid:  # a later pass the probe could not read: what the earlier showed stands, as after a void one
+                voids.append(str(outcome))
+                break
             timing.probe_note = str(outcome)
             return
         if isinstance(outcome, str):
@@ -316,13 +319,13 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                             spare_replies.append(timed(pristine, seed, target))
                     except StageError as exc:
                         # The stage's time spent (or a spare call slowed past its limit by work the candidate left
-                        # queued) is the candidate's timeout. Out of its device's memory, a pristine spare was
-                        # starved by the candidate's runner (it holds what it took): the pass is void. Any other
-                        # failure is the judge's own, and says so.
+                        # queued) is the candidate's timeout. Any other failure of a pristine spare beside the
+                        # candidate's runner may be the candidate's doing (the device's memory held: PyTorch's "out
+                        # of memory", cuBLAS's CUBLAS_STATUS_ALLOC_FAILED, cuDNN's, ...; round 26), so the pass is void,
+                        # never skipped: a claim no pass confirms gets no speed credit.
                         if exc.status == "timeout":
                             raise
-                        why = f"the spare failed beside the candidate: {exc.message[:200]}"
-                        return (why if "out of memory" in exc.message.lower() else _Skip(why)), None
+                        return f"the spare failed beside the candidate: {exc.message[:200]}", None
                     after = probe.mark()
                 spent["spare"] = time.perf_counter() - began
             t_cand = time.perf_counter()
