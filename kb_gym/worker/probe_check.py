@@ -18,15 +18,18 @@ After the timing loop, where the claimed median is under a time slice (MAX_CLAIM
 
 Each call lies between two marks the judge reads from the probe: before the seed goes out, and once the outputs are
 the judge's (received whole: the runner hashes nothing, so whatever it computes until then is in the window; or, for
-outputs over 64 MB drawn in chunks after "done", at "done", whose chunk hashes commit them). In a probe call no
-runner flushes the cache and none shields its launches (clock.probe_call), so a window holds the harness's GPU work
-and the forward, nothing the candidate could leave out to look faster. A candidate window less the harness's share
-(and less SWITCH_MS for each gap beyond the harness's: kernels that reach the GPU one by one) is what its forward
-cost the GPU; its span less the reference idle time is what it cost in wall time (a forward computed off the GPU's
-SMs, on the CPU or a copy engine, leaves no gap but takes time; an honest forward's own host cost is in the reference
-calls' windows too, as it is in the baseline's). Where the median of either exceeds the claim by more
-than its tolerance, every timed call is charged the larger difference: ``side_stream`` for GPU time,
-``launch_bound`` (a note: host launches are slower than the kernels) for wall time alone. A second pass must show
+outputs over 64 MB, the chunks drawn after "done" received on the judge's host, their hashes in "done" committing the
+whole). The judge runs nothing on its GPU while the probe spins (each visit would wait out a time slice): outputs and
+chunks are checked after the stop. Between the candidate's windows its runner has nothing to do, so GPU work there
+voids the pass. In a probe call no runner flushes the cache and none shields its launches (clock.probe_call), so a
+window holds the harness's GPU work and the forward, nothing the candidate could leave out to look faster. A
+candidate window less the harness's share (and less SWITCH_MS for each gap beyond the harness's: kernels that reach
+the GPU one by one) is what its forward cost the GPU; its span less the reference idle time is what it cost in wall
+time (a forward computed off the GPU's SMs, on the CPU or a copy engine, leaves no gap but takes time; an honest
+forward's own host cost is in the reference calls' windows too, as it is in the baseline's). Where the median of
+either exceeds the claim by more than its tolerance, every timed call is charged the larger difference:
+``side_stream`` for GPU time, ``launch_bound`` (a note: host launches are slower than the kernels) for wall time
+alone. A second pass must show
 a GPU charge too (another judge's runner starting on the device outside the lock shows as gaps as well); the
 smaller stands.
 
@@ -303,6 +306,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     seeds = fresh_seeds(CALLS)
     quiet: list[int] = []
     after = 0
+    start: int | None = None
     try:
         with probe.spinning():
             if pristine is not None:
@@ -329,6 +333,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                     after = probe.mark()
                 spent["spare"] = time.perf_counter() - began
             t_cand = time.perf_counter()
+            start = mark()
             for seed in seeds:
                 cand_replies.append(timed(runner, seed, "candidate"))
             spent["candidate"] = time.perf_counter() - t_cand
@@ -342,8 +347,15 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     if wrong:
         return wrong, None
     spent["checks"] = time.perf_counter() - t_check
-    if any(r.window is None for r in spare_replies + cand_replies):
+    if start is None or any(r.window is None for r in spare_replies + cand_replies):
         return _Skip(probe.note or "a mark was missing"), None
+    # Between the candidate's windows (and before the first) the judge runs nothing on its GPU and the runner has
+    # nothing left to do: work there is the candidate's, done where no window counts it (seed-independent work of
+    # its next forward, after the last chunk went out: round 26). The pass is void.
+    edges = [start] + [t for r in cand_replies for t in r.window]
+    between = sum(busy_in(gaps, edges[k], edges[k + 1])[0] for k in range(0, len(edges) - 1, 2))
+    if between > QUIET_MAX_MS:
+        return f"GPU work ran between the candidate's calls, outside their windows ({between:.3f} ms)", None
     measured = None
     if pristine is not None:
         windows = [_window(gaps, r.window) for r in spare_replies]

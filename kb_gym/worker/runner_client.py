@@ -331,8 +331,9 @@ class RunnerProcess:
         probe clock's pass (probe_check.py): the runner neither flushes nor (but for the reference) shields, and
         ``marks()`` is read right before the seed is sent and once the outputs are the judge's (``CallReply.window``):
         whole outputs received, decoded and copied (the runner hashes nothing: what it computes until then is in the
-        window), or at "done", whose chunk hashes commit the whole; the drawn chunks then come as DrawnChunks, to be
-        checked once the probe has stopped (``spot_check.verified``)."""
+        window), or the drawn chunks received and copied to the judge's host (their hashes, sent with "done",
+        commit the whole: they come as DrawnChunks, checked against them once the probe has stopped,
+        ``spot_check.verified``)."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
@@ -358,9 +359,9 @@ class RunnerProcess:
             launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
+                sampled = self._sampled(msg, nonce, chunk_bytes, timeout, defer=marks is not None)
                 if marks is not None:
                     window = self._window(before, marks)
-                sampled = self._sampled(msg, nonce, chunk_bytes, timeout, defer=marks is not None)
                 if cpu_before is not None:
                     cpu = cpu_clock.window(cpu_before, cpu_clock.settled(self.pid))
                 return self._reply(msg, envelope, sampled, window, cpu)

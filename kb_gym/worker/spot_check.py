@@ -89,9 +89,9 @@ class SampledOutputs:
 class DrawnChunks:
     """A probe call's drawn chunks, received and copied to the judge's host, not yet checked against their hashes:
     with the probe spinning, each of the judge's own GPU visits waits out the probe's time slice (~2.5 ms on an
-    H100: 16 chunks copied and hashed one by one came to ~70 visits, ~0.18 s a call), so the pass checks them once
-    the probe has stopped (probe_check.py). ``verify()``: the SampledOutputs, or StageError as a call's check would
-    raise it."""
+    H100: 16 chunks copied to the judge's GPU and hashed there one by one made a call's window ~70 visits, ~0.18 s),
+    so the pass checks them once the probe has stopped (probe_check.py). ``verify()``: the SampledOutputs, or
+    StageError as a call's check would raise it."""
 
     verify: Callable[[], SampledOutputs]
 

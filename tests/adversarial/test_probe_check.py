@@ -240,9 +240,9 @@ def test_a_runner_takes_the_judges_marks_around_a_probe_call(tmp_path):
         pool.close()
 
 
-def test_a_probe_calls_window_closes_at_done_where_outputs_are_drawn_in_chunks(tmp_path):
-    # "done" carries the chunk hashes that commit the whole outputs, so the window ends there; the drawn chunks come
-    # to the judge's host and are checked against those hashes when the pass asks (after the probe's stop), as a
+def test_a_probe_calls_drawn_chunks_reach_the_judges_host_unchecked_and_are_checked_when_the_pass_asks(tmp_path):
+    # Beside the spinning probe the judge does no GPU work of its own: the drawn chunks come to its host inside the
+    # window and are checked against the hashes "done" carried when the pass asks (after the probe's stop), as a
     # plain timed call checks them at once.
     from kb_gym.worker.inputs import make_inputs
     from kb_gym.worker.loading import load_module
