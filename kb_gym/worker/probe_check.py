@@ -89,11 +89,11 @@ QUIET_MAX_MS = 0.02  # ... up to this much of it, there and between the spare's 
 RETRY_WAIT_S = 0.2
 SHARE_TTL_S = 60.0  # a problem's lowest harness share is kept this long (as its calibration: judge_timing)
 # The spare's calls of a pass kept that long reused by the next candidates' first passes (a charge is read again
-# against a fresh spare): on an H100 a pass on 256-512 MB inputs made 19 calls of ~175 ms each with the probe
-# spinning, 5.5 s an evaluation (docs/benchmarks.md 1a), 11 of them the spare's. At most REUSES times, then a pass
-# makes its own again: a first pass whose spare windows a candidate swelled (round 24's delayed work, on a problem
-# with no earlier share) is kept until a fresh pass measures a lower share, and reused it would hide other
-# candidates' work for up to REUSES of them instead of the one after it.
+# against a fresh spare): 11 of a pass's 19 calls. Only once another evaluation's fresh pass agreed with them
+# (SpareReading.agrees): a first pass whose spare windows a candidate swelled (round 24's delayed work, on a problem
+# with no earlier share) would otherwise hide the next candidates' work (round 26). At most REUSES times, then a
+# pass makes its own again. By itself it saved little on an H100 (docs/benchmarks.md 1b): the cost was in the
+# windows.
 REUSE_SPARE = True
 REUSES = 3
 CALL_SECONDS = 10.0  # a probe call may take this many times the loop's median envelope (and 1 s more) at most
@@ -161,10 +161,24 @@ class SpareReading:
     harness: list[Window]
     forwards: list[tuple[Window, float]]
     uses: int = 0  # first passes read against it in place of a fresh spare
+    origin: object = None  # the evaluation whose pass measured it (``confirm``'s own token)
+    confirmed: bool = False  # another evaluation's fresh pass measured the same within the tolerance (``agrees``)
 
     @property
     def share_ms(self) -> float:
         return median_of([w.busy_ms for w in self.harness])
+
+    @property
+    def idle_ms(self) -> float:
+        return median_of([w.span_ms - event for w, event in self.forwards])
+
+    def agrees(self, other: SpareReading) -> bool:
+        """Whether two readings of one problem's spare calls agree: harness shares within FLOOR_MS (or 3x their
+        spread), reference idle times within WALL_FLOOR_MS. Work a candidate slipped into a spare's windows (round
+        24's delayed work) swells one reading, not both."""
+        spread = max(median_of([abs(w.busy_ms - r.share_ms) for w in r.harness]) for r in (self, other))
+        return (abs(self.share_ms - other.share_ms) <= max(FLOOR_MS, SPREAD_FACTOR * spread)
+                and abs(self.idle_ms - other.idle_ms) <= WALL_FLOOR_MS)
 
 
 def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], forwards: list[tuple[Window, float]],
@@ -220,10 +234,10 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     reference's outputs for a seed; ``check(outputs, reference_outputs, seed)``: why outputs are wrong, or None;
     ``call``: the keywords of the loop's timed calls (byte_limit, chunk_bytes, widen). ``shares[key]``: the spare's
     calls of the pass with the lowest harness share measured for this problem and path within SHARE_TTL_S, kept
-    across candidates: work a candidate slipped into the spare's windows would swell only its own pass's share. A
-    candidate's first pass is read against them where REUSE_SPARE, up to REUSES times (no spare, no freeze: the
-    candidate's calls alone); a pass they charged is read again against a fresh spare, and the smaller charge
-    stands."""
+    across candidates: work a candidate slipped into the spare's windows would swell only its own pass's share. Once
+    another evaluation's fresh pass agreed with them, a candidate's first pass is read against them where
+    REUSE_SPARE, up to REUSES times (no spare, no freeze: the candidate's calls alone); a pass they charged is read
+    again against a fresh spare, and the smaller charge stands."""
     if device.type != "cuda" or not timing.cand.event_ms or timing.mismatch:
         return
     claimed = median_of(timing.charged_ms())
@@ -239,17 +253,28 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     limit = 1.0 + CALL_SECONDS * median_of(timing.cand.envelope_ms) / 1e3
     valid: list[ProbeReading] = []
     voids: list[str] = []
+    origin = object()  # this evaluation's, on the spare readings its passes measure
     for _ in range(ATTEMPTS):
         kept = (shares or {}).get(key)
         if kept is not None and time.monotonic() - kept.at >= SHARE_TTL_S:
             kept = None
-        reuse = kept if REUSE_SPARE and not valid and kept is not None and kept.uses < REUSES else None
+        reuse = (kept if REUSE_SPARE and not valid and kept is not None and kept.confirmed and kept.uses < REUSES
+                 else None)
         if reuse is not None:
             reuse.uses += 1
         outcome, measured = _one_pass(probe, runner, spare, claimed, reference, check, device, call,
                                       lambda: min(limit, timeout()), kept.share_ms if kept else None, reuse)
-        if measured is not None and shares is not None and (kept is None or measured.share_ms <= kept.share_ms):
-            shares[key] = measured
+        if measured is not None and shares is not None:
+            measured.origin = origin
+            # reused only once another evaluation's pass agreed with it: a first pass a candidate swelled (round
+            # 24's delayed work, on a problem with no earlier share) would otherwise stand for the next REUSES
+            # candidates' spares (round 26)
+            agrees = kept is not None and kept.origin is not origin and kept.agrees(measured)
+            if kept is None or measured.share_ms <= kept.share_ms:
+                measured.confirmed = agrees
+                shares[key] = measured
+            elif agrees:
+                kept.confirmed = True
         if isinstance(outcome, _Mismatch):
             timing.mismatch = str(outcome)
             return

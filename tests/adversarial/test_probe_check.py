@@ -288,14 +288,16 @@ def test_a_runner_sees_only_its_judges_gpu(monkeypatch):
 
 
 def test_a_problems_next_candidates_are_read_against_its_kept_spare_calls():
-    """The spare's 11 calls of a pass are kept per problem and path (the lowest share's, for SHARE_TTL_S) and stand in
-    for a fresh spare in the next candidates' first passes: an honest one is read without a spare; a liar's charge
-    is read again against a fresh spare and stands."""
+    """The spare's 11 calls of a pass are kept per problem and path (the lowest share's, for SHARE_TTL_S) and, once
+    another evaluation's fresh pass agreed with them, stand in for a fresh spare in the next candidates' first
+    passes: an honest one is read without a spare; a liar's charge is read again against a fresh spare and stands."""
     dev = Device()
     shares: dict = {}
-    spare = FakeRunner(dev, 0.5)
-    first = judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
-    assert not first.probe.counted and first.probe.spare_age_s == 0.0 and spare.calls == probe_check.SPARE_PASS_CALLS
+    for k in range(2):  # the first two make their own: the second's agrees with the first's
+        spare = FakeRunner(dev, 0.5)
+        first = judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
+        assert not first.probe.counted and first.probe.spare_age_s == 0.0
+        assert spare.calls == probe_check.SPARE_PASS_CALLS and shares["problem"].confirmed == (k == 1)
     honest_spare = FakeRunner(dev, 0.5)
     honest = judge(FakeProbe(dev), FakeRunner(dev, 0.2), honest_spare, timing_claiming(0.2), shares=shares)
     assert not honest.probe.counted and honest_spare.calls == 0 and honest.probe.spare_age_s > 0, honest.probe
@@ -311,6 +313,21 @@ def test_a_problems_next_candidates_are_read_against_its_kept_spare_calls():
     for spare in spares:
         judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
     assert [spare.calls for spare in spares] == [0] * probe_check.REUSES + [probe_check.SPARE_PASS_CALLS]
+
+
+def test_kept_spare_calls_are_confirmed_only_by_another_evaluation_and_not_by_a_swollen_reading():
+    # A candidate charged in its first pass makes a second, fresh one: two readings of one evaluation (which could
+    # both be swollen by its own delayed work) confirm nothing. A reading that disagrees confirms nothing either.
+    dev = Device()
+    shares: dict = {}
+    liar = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001),
+                 shares=shares)
+    assert liar.probe.passes == 2 and not shares["problem"].confirmed
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5, harness=0.5), timing_claiming(0.2),
+          shares=shares)  # a spare whose harness share is 0.45 ms higher: not the same reading
+    assert not shares["problem"].confirmed
+    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), shares=shares)
+    assert shares["problem"].confirmed
 
 
 def test_kept_spare_calls_expire_and_reuse_can_be_turned_off(monkeypatch):

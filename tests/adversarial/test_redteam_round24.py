@@ -224,12 +224,14 @@ def test_work_delayed_past_the_quiet_check_does_not_swell_the_harness_share():
 def test_work_delayed_into_the_spares_windows_is_held_to_the_problems_earlier_share(reuse, monkeypatch):
     # Fixed in session 29 where the problem had an earlier pass within probe_check.SHARE_TTL_S (an RL batch meets
     # each problem many times): the lowest share stands, and what the liar slipped in swells only its own. Since
-    # session 33 the earlier pass's spare calls stand in for the liar's first pass (probe_check.REUSE_SPARE), and its
-    # second pass (the first one charged it) is held to the earlier share.
+    # session 33 the earlier passes' spare calls (two evaluations' that agree: session 34) stand in for the liar's
+    # first pass (probe_check.REUSE_SPARE), and its second pass (the first one charged it) is held to the earlier share.
     monkeypatch.setattr(probe_check, "REUSE_SPARE", reuse)
     dev = Device()
     shares: dict = {}
-    judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), shares=shares)
+    for _ in range(2):
+        judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), shares=shares)
+    assert shares["problem"].confirmed
     t = judge(FakeProbe(dev), DelayedIntruder(dev, 0.35, claim=0.05), IntrudedSpare(dev, 0.5), timing_claiming(0.05),
               shares=shares)
     assert t.probe is not None and t.probe.counted and t.probe.charged_ms > 0.25, t.probe
