@@ -74,7 +74,18 @@ class WorkerContext:
         if self.pool is not None:
             self.pool.prestart()
         self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
+        self.probe_restarts = 0
         self.harness_shares: dict[Any, Any] = {}  # probe_check.SpareReading per problem and path: the lowest share's
+
+    def usable_probe(self) -> ProbeClock | None:
+        """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
+        PROBE_RESTARTS times in the judge's life, so that one failure does not leave every later candidate's short
+        claim to the envelope alone. Past them the failure stands, and the check says so."""
+        if self.probe is not None and self.probe.note and self.probe_restarts < PROBE_RESTARTS:
+            self.probe.close()
+            self.probe_restarts += 1
+            self.probe = start_probe(self.device, self.scratch_root)
+        return self.probe
 
     def seed(self, job_seed: int, purpose: str, k: int = 0) -> int:
         digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()
@@ -99,6 +110,9 @@ class WorkerContext:
         moved = sum(t.numel() * t.element_size() for t in tensors)
         seconds = max(moved / self.peak_bytes_per_s, (flops or 0) / self.peak_flops)
         return SOL_MARGIN * seconds * 1e3
+
+
+PROBE_RESTARTS = 3
 
 
 def start_probe(device: torch.device, scratch_root: Path) -> ProbeClock | None:

@@ -199,7 +199,7 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             spare = LazySpare(ctx, job, deadline, lambda: deadline - time.monotonic())
             began = time.perf_counter()
             probe_check.confirm(
-                ctx.probe, runner, spare.get, timing,
+                ctx.usable_probe(), runner, spare.get, timing,
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
                 check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
                                     "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout,

@@ -360,3 +360,28 @@ def test_the_kept_spare_calls_are_the_lowest_shares(monkeypatch):
     judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5, harness=0.02), timing_claiming(0.2),
           shares=shares)
     assert shares["problem"].share_ms < low
+
+
+def test_a_failed_probe_is_started_again_a_few_times_in_a_judges_life(tmp_path, monkeypatch):
+    # One failure (a reply 10 s late, the process gone) used to leave every later candidate's short claim to the
+    # envelope alone for the judge's life (round 26); a fresh probe is started, PROBE_RESTARTS times at most.
+    from kb_gym.worker import job
+
+    class Probe:
+        def __init__(self) -> None:
+            self.note, self.closed = "", False
+
+        def close(self) -> None:
+            self.closed = True
+
+    started: list[Probe] = []
+    monkeypatch.setattr(job, "start_probe", lambda device, root: started.append(Probe()) or started[-1])
+    ctx = job.WorkerContext("cpu", tmp_path, send=lambda msg: None, runners=False)
+    ctx.probe = job.start_probe(ctx.device, tmp_path)
+    assert ctx.usable_probe() is started[0] and len(started) == 1  # a working probe is kept
+    for k in range(job.PROBE_RESTARTS):
+        ctx.probe.note = "the probe did not answer within 10 s"
+        fresh = ctx.usable_probe()
+        assert started[k].closed and fresh is started[k + 1] and not fresh.note
+    ctx.probe.note = "the probe did not answer within 10 s"
+    assert ctx.usable_probe().note and len(started) == job.PROBE_RESTARTS + 1  # past them the failure stands
