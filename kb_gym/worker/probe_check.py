@@ -29,9 +29,8 @@ time (a forward computed off the GPU's SMs, on the CPU or a copy engine, leaves 
 forward's own host cost is in the reference calls' windows too, as it is in the baseline's). Where the median of
 either exceeds the claim by more than its tolerance, every timed call is charged the larger difference:
 ``side_stream`` for GPU time, ``launch_bound`` (a note: host launches are slower than the kernels) for wall time
-alone. A second pass must show
-a GPU charge too (another judge's runner starting on the device outside the lock shows as gaps as well); the
-smaller stands.
+alone. A second pass must show a GPU charge too (another judge's runner starting on the device outside the lock
+shows as gaps as well); the smaller stands.
 
 Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, a flood of
 gaps past the record, a pass that outlived the probe's kernel, a spare that could not run beside it) is void, and a
