@@ -32,9 +32,10 @@ either exceeds the claim by more than its tolerance, every timed call is charged
 alone. A second pass must show a GPU charge too (another judge's runner starting on the device outside the lock
 shows as gaps as well); the smaller stands.
 
-Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, a flood of
-gaps past the record, a pass that outlived the probe's kernel, a spare that could not run beside it) is void, and a
-claim no pass could confirm is ``unverified_timing`` (no speed credit). Only the probe's own absence (not started,
+Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, GPU work
+between its calls, a flood of gaps past the record, a pass that outlived the probe's kernel, a spare that failed
+beside it) is void, and a claim no pass could confirm is ``unverified_timing`` (no speed credit); a later pass the
+probe could not read counts as void too, so an earlier pass's charge stands. Only the probe's own absence (not started,
 no probe on this judge, MPS) skips the check and says so; the envelope then stands alone.
 
 What the probe cannot see: another context cannot be told from the runner's (a neighbour's loading candidate shows
