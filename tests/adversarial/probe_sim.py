@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kb_gym.worker import probe_check, probe_clock
+from kb_gym.worker.loading import StageError
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock
 from kb_gym.worker.runner_replies import CallReply
 from kb_gym.worker.timing import Calibration, PairedTiming, Side
@@ -166,6 +167,25 @@ class FakeRunner:
         after = marks()
         out = torch.full((4,), float(seed % 1000) + (1.0 if self.wrong else 0.0))
         return CallReply(outputs=out, event_ms=event, window=(before, after), shield_ms=shield)
+
+
+class FailingSpare(FakeRunner):
+    """A pristine spare that cannot run beside the candidate: the candidate's runner holds the GPU's free memory (a
+    tensor of ``mem_get_info()[0]`` less a margin, taken in a timed call; the judge's own allocator keeps its cached
+    blocks, a fresh spare has none). ``from_call``: the first of its calls that fails; ``message``: the failure as
+    PyTorch words it (an allocation; cuBLAS's handle, round 26)."""
+
+    OUT_OF_MEMORY = "out of memory on the device: CUDA out of memory. Tried to allocate"
+
+    def __init__(self, *a, from_call: int = 1, message: str = OUT_OF_MEMORY, **k) -> None:
+        super().__init__(*a, **k)
+        self.from_call, self.message = from_call, message
+
+    def call(self, seed, **kw):
+        if self.calls + 1 >= self.from_call:
+            self.calls += 1
+            raise StageError("runtime_error", self.message)
+        return super().call(seed, **kw)
 
 
 def timing_claiming(ms: float) -> PairedTiming:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from probe_sim import Device, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401 - a fixture
+from probe_sim import Device, FailingSpare, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401
 
 from kb_gym.worker import probe_check, probe_clock
 from kb_gym.worker.loading import StageError
@@ -60,22 +60,6 @@ def test_a_flood_of_gaps_that_overflows_the_probe_is_no_free_pass():
     dev = Device()
     t = judge(FakeProbe(dev), Flooder(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001))
     assert t.probe is not None and t.probe.counted, (t.probe, t.probe_note)
-
-
-class FailingSpare(FakeRunner):
-    """A pristine spare that cannot allocate its inputs: the candidate's runner holds the GPU's free memory (a tensor
-    of ``mem_get_info()[0]`` less a margin, taken in a timed call; the judge's own allocator keeps its cached blocks,
-    a fresh spare has none). ``from_call``: the first of its calls that fails."""
-
-    def __init__(self, *a, from_call: int = 1, **k) -> None:
-        super().__init__(*a, **k)
-        self.from_call = from_call
-
-    def call(self, seed, **kw):
-        if self.calls + 1 >= self.from_call:
-            self.calls += 1
-            raise StageError("runtime_error", "out of memory on the device: CUDA out of memory. Tried to allocate")
-        return super().call(seed, **kw)
 
 
 @pytest.mark.parametrize("spare_fails", ["in_its_calls", "before_it_is_up"])

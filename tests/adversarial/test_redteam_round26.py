@@ -33,11 +33,10 @@ driven with scripted replies where the hashes matter):
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from probe_sim import Device, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401 - a fixture
+from probe_sim import Device, FailingSpare, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401
+from test_redteam_round24 import DelayedIntruder, IntrudedSpare
 
 from kb_gym.worker import probe_check
 from kb_gym.worker.loading import StageError
@@ -224,26 +223,12 @@ def test_the_same_work_inside_the_window_is_charged():
 CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
 
 
-class StarvedSpare(FakeRunner):
-    """A pristine spare whose first matmul cannot create its cuBLAS handle: the candidate's runner holds the
-    device's free memory. PyTorch says so without the words "out of memory". ``from_call``: its first failing call."""
-
-    def __init__(self, *a, from_call: int = 1, **k) -> None:
-        super().__init__(*a, **k)
-        self.from_call = from_call
-
-    def call(self, seed, **kw):
-        if self.calls + 1 >= self.from_call:
-            self.calls += 1
-            raise StageError("runtime_error", CUBLAS)
-        return super().call(seed, **kw)
-
-
 def test_a_spare_starved_into_a_cublas_error_leaves_no_short_claim_unchecked():
     # Got through (a failure not worded "out of memory" was the judge's own: skipped); fixed in session 34: any spare
     # failure beside the candidate voids the pass.
     dev = Device()
-    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), StarvedSpare(dev, 0.5), timing_claiming(0.001))
+    spare = FailingSpare(dev, 0.5, message=CUBLAS)
+    t = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), spare, timing_claiming(0.001))
     assert t.probe is not None and t.probe.counted, (t.probe, t.probe_note)
 
 
@@ -262,7 +247,8 @@ def test_a_skip_in_the_second_pass_keeps_the_first_pass_charge(how):
     # later pass the probe could not read counts as a void one.
     dev = Device()
     if how == "spare_fails":
-        probe, spare = FakeProbe(dev), StarvedSpare(dev, 0.5, from_call=probe_check.SPARE_PASS_CALLS + 1)
+        spare = FailingSpare(dev, 0.5, message=CUBLAS, from_call=probe_check.SPARE_PASS_CALLS + 1)
+        probe = FakeProbe(dev)
     else:
         probe, spare = FailsOnSecondStop(dev), FakeRunner(dev, 0.5)
     t = judge(probe, FakeRunner(dev, 0.2, claim=0.001), spare, timing_claiming(0.001))
@@ -273,35 +259,6 @@ def test_a_skip_in_the_second_pass_keeps_the_first_pass_charge(how):
 # --- the kept spare calls -----------------------------------------------------------------------------------------
 
 
-class DelayedIntruder(FakeRunner):
-    """Round 24's liar: at each freeze it leaves a chain that waits behind copy-engine copies, then lands short
-    kernels inside the spare's harness-only and reference windows (not between them, where the stray test sees it)."""
-
-    def __init__(self, *a, intrude_ms: float = 0.35, **k) -> None:
-        super().__init__(*a, **k)
-        self.intrude_ms = intrude_ms
-
-    @contextlib.contextmanager
-    def frozen(self):
-        self.device.delayed_ms = self.intrude_ms
-        with super().frozen() as still:
-            yield still
-
-    def call(self, seed, **kw):
-        self.device.delayed_ms = 0.0
-        return super().call(seed, **kw)
-
-
-class IntrudedSpare(FakeRunner):
-    def harness_only(self) -> None:
-        if self.device.delayed_ms and self.calls > 2:
-            self.device.busy([self.device.delayed_ms])
-
-    def unshielded_reference(self) -> None:
-        self.harness_only()
-        super().unshielded_reference()
-
-
 @pytest.mark.parametrize("reuse", [True, False])
 def test_spare_calls_a_poisoner_swelled_do_not_hide_the_next_liars_work(reuse, monkeypatch):
     # Got through with reuse (a first pass's swollen spare calls stood for the next REUSES candidates' spares); fixed
@@ -310,7 +267,8 @@ def test_spare_calls_a_poisoner_swelled_do_not_hide_the_next_liars_work(reuse, m
     dev = Device()
     shares: dict = {}
     # the poisoner: an honest-looking forward, first on the problem (or first after the kept calls expired)
-    judge(FakeProbe(dev), DelayedIntruder(dev, 0.2), IntrudedSpare(dev, 0.5), timing_claiming(0.2), shares=shares)
+    judge(FakeProbe(dev), DelayedIntruder(dev, 0.2, intrude_ms=0.35), IntrudedSpare(dev, 0.5), timing_claiming(0.2),
+          shares=shares)
     assert shares["problem"].share_ms > 0.35  # kept: nothing lower to hold it to
     liar = judge(FakeProbe(dev), FakeRunner(dev, 0.3, claim=0.05), FakeRunner(dev, 0.5), timing_claiming(0.05),
                  shares=shares)
