@@ -247,6 +247,12 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                         if state.get("build_kept") == "at_exit" else None)
             # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
+        after_exit = state.pop("after_exit", None)
+        if after_exit is not None and "status" not in result:  # a timing verdict waiting for the tree to be gone
+            try:
+                after_exit()
+            except Exception as exc:  # noqa: BLE001 - the judge's own failure, as in the pipeline
+                result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)

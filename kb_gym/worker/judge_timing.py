@@ -205,6 +205,13 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                                     "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout,
                 ctx.harness_shares, path_key(job, state.get("chunk_bytes", 0), widen))
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
+            if timing.probe_pending is not None:
+                # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)
+                state["after_exit"] = lambda: _after_exit_verdict(
+                    ctx, spare, timing, cached, result, state, {"byte_limit": state.get("byte_limit", 1 << 30),
+                                                                "chunk_bytes": state.get("chunk_bytes", 0),
+                                                                "widen": widen})
+                return
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "failed while timing: " + exc.message
@@ -212,6 +219,15 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     except Exception as exc:  # noqa: BLE001 - the baseline itself failed: the judge's context may be gone
         raise StageError("runtime_error", "the baseline failed while timing: " + trim_traceback(exc, ""),
                          restart=sticky_cuda_error(ctx.device)) from None
+    timing_verdict(timing, cached, result, state)
+
+
+def _after_exit_verdict(ctx: WorkerContext, spare: LazySpare, timing: PairedTiming, cached: dict[str, Any] | None,
+                        result: dict[str, Any], state: dict[str, Any], call: dict[str, Any]) -> None:
+    """The timing verdict of a probe check left pending (probe_check.settle), its seconds in ``probe_after_exit``."""
+    began = time.perf_counter()
+    probe_check.settle(ctx.usable_probe(), spare.get, timing, ctx.device, call)
+    result["stage_seconds"]["probe_after_exit"] = time.perf_counter() - began
     timing_verdict(timing, cached, result, state)
 
 

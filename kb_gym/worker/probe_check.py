@@ -128,6 +128,12 @@ class ProbeReading:
     # where the chosen pass's time went (s): the spare's calls (with the freeze), the candidate's, the checks after
     # the probe's stop, and the whole pass (its start and stop included)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the spare's harness share measured once the candidate's tree was gone (``settle``), where one was wanted;
+    # ``after_exit`` says why one was wanted, or why it could not be had
+    after_exit_share_ms: float | None = None
+    after_exit: str = ""
+    # the candidate's windows and the spare calls this reading was made from (``settle`` reads them again)
+    source: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def counted(self) -> bool:
@@ -141,7 +147,8 @@ class ProbeReading:
         return FLOOR_MS if self.passes and not self.unverified else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "counted": self.counted}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+        return {**dataclasses.asdict(ProbeReading(**out)), "counted": self.counted}
 
 
 @dataclass
@@ -182,10 +189,11 @@ class SpareReading:
 
 
 def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], forwards: list[tuple[Window, float]],
-               lowest_share_ms: float | None = None) -> ProbeReading:
+               lowest_share_ms: float | None = None, lowest_idle_ms: float | None = None) -> ProbeReading:
     """Weigh the candidate's windows against its claim, given the spare's harness-only windows, its reference calls'
     windows with their forwards' event times (``forwards``), and the lowest share a pass measured for the problem
-    lately (which stands where it is lower than this pass's).
+    lately (which stands where it is lower than this pass's; ``lowest_idle_ms`` likewise for the reference idle
+    time: a reading taken once the candidate's tree was gone, ``settle``).
 
     GPU time: a candidate window's gaps less the harness-only windows' (the harness's share). Wall time: a candidate
     window's span less what an honest reference call's window spans beyond its forward's events (the module call,
@@ -198,7 +206,7 @@ def read_probe(claimed_ms: float, cand: list[Window], harness: list[Window], for
     spare_gaps = median_of([float(w.gaps) for w in harness])
     forward = median_of([w.busy_ms - max(0.0, w.gaps - spare_gaps) * SWITCH_MS - share for w in cand])
     idles = [w.span_ms - event for w, event in forwards]
-    idle = median_of(idles)
+    idle = median_of(idles) if lowest_idle_ms is None else min(median_of(idles), lowest_idle_ms)
     walls = [w.span_ms - idle for w in cand]
     wall = median_of(walls)
     reading = ProbeReading(len(cand), claimed_ms, forward, share, spread, median_of([float(w.gaps) for w in cand]),
@@ -254,10 +262,13 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     valid: list[ProbeReading] = []
     voids: list[str] = []
     origin = object()  # this evaluation's, on the spare readings its passes measure
+    unkept: bool | None = None  # whether the first pass had no share of the problem's to be held to
     for _ in range(ATTEMPTS):
         kept = (shares or {}).get(key)
         if kept is not None and time.monotonic() - kept.at >= SHARE_TTL_S:
             kept = None
+        if unkept is None:
+            unkept = kept is None
         reuse = (kept if REUSE_SPARE and not valid and kept is not None and kept.confirmed and kept.uses < REUSES
                  else None)
         if reuse is not None:
@@ -295,10 +306,104 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
         timing.probe = ProbeReading(0, claimed, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, passes=0,
                                     unverified=voids[-1] if voids else "no pass", voids=len(voids))
         return
-    # the smaller charge of the valid passes; a single charged pass whose second could not be read keeps its charge
-    chosen = min(valid, key=lambda r: r.charged_ms) if len(valid) >= PASSES or not valid[0].counted else valid[0]
+    chosen = _chosen(valid)
     chosen.passes, chosen.voids = len(valid), len(voids)
     timing.probe = chosen
+    # Every spare reading beside a live candidate is one its queued work may have swelled (round 24's delayed work),
+    # which only the problem's lowest share holds in check, and that share may be stale (the harness got dearer
+    # since: round 26). A reading once its tree is gone is neither: wanted where nothing held this pass, or where it
+    # charges (rare for an honest candidate, and a liar's charge can only grow by it).
+    why = ("the problem's first pass: no share kept to hold it to" if unkept else
+           "a charge: the shares it rests on may be older than a change of the harness's cost" if chosen.counted else
+           "")
+    if why:
+        chosen.after_exit = why
+        timing.probe_pending = AfterExit(valid, shares, key)
+
+
+def _chosen(valid: list[ProbeReading]) -> ProbeReading:
+    """The smaller charge of the valid passes; a single charged pass whose second could not be read keeps its
+    charge."""
+    return min(valid, key=lambda r: r.charged_ms) if len(valid) >= PASSES or not valid[0].counted else valid[0]
+
+
+def _read_again(r: ProbeReading, post: SpareReading) -> ProbeReading:
+    """``r``'s windows read against the spare calls measured once the candidate's tree was gone (``post``): with the
+    lower share and idle time of those and its pass's own spare calls, or against those alone where the pass had
+    none of its own (it reused kept ones)."""
+    cand, basis = r.source
+    if r.spare_age_s > 0:
+        again = read_probe(r.claimed_ms, cand, post.harness, post.forwards)
+    else:
+        again = read_probe(r.claimed_ms, cand, basis.harness, basis.forwards, post.share_ms, post.idle_ms)
+    again.source, again.spare_age_s, again.seconds = r.source, r.spare_age_s, r.seconds
+    again.passes, again.voids, again.after_exit = r.passes, r.voids, r.after_exit
+    return again
+
+
+@dataclass
+class AfterExit:
+    """A probe check to finish once the candidate's tree is gone (``settle``): its valid passes, and where the
+    problem's shares are kept."""
+
+    valid: list[ProbeReading]
+    shares: dict[Any, SpareReading] | None
+    key: Any
+
+
+def settle(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], timing: Any, device: torch.device,
+           call: dict[str, Any]) -> None:
+    """Finish ``timing``'s probe check where ``confirm`` left it pending: with the candidate's tree gone (killed and
+    waited for: no work it queued can run any more), the spare's calls once more, alone beside the probe, and the
+    passes read again against the lower of their own share and this one (idle time likewise). Where that reading
+    cannot be had, the passes stand as ``confirm`` read them. The reading is kept as the problem's share where it is
+    the lowest: no candidate was alive to swell it."""
+    pending, timing.probe_pending = timing.probe_pending, None
+    if pending is None or timing.probe is None:
+        return
+    began = time.perf_counter()
+    # after the timing stage's clock (the kernel checks ran since): a spare call may take what a probe call may
+    limit = 1.0 + CALL_SECONDS * median_of(timing.cand.envelope_ms) / 1e3
+    outcome = _after_exit_pass(probe, spare, device, call, lambda: limit)
+    if isinstance(outcome, str):
+        timing.probe.after_exit += f"; none could be read ({outcome[:200]})"
+        return
+    post = outcome
+    valid = [_read_again(r, post) for r in pending.valid]
+    chosen = _chosen(valid)
+    chosen.after_exit_share_ms = post.share_ms
+    chosen.seconds = {**chosen.seconds, "after_exit": round(time.perf_counter() - began, 3)}
+    timing.probe = chosen
+    if pending.shares is not None:
+        kept = pending.shares.get(pending.key)
+        if kept is None or time.monotonic() - kept.at >= SHARE_TTL_S or post.share_ms <= kept.share_ms:
+            post.confirmed = True  # measured with no candidate alive: reused at once
+            pending.shares[pending.key] = post
+
+
+def _after_exit_pass(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], device: torch.device,
+                     call: dict[str, Any], timeout: Callable[[], float]) -> SpareReading | str:
+    """The spare's calls of a pass beside the probe with no candidate alive, read; or why none could be."""
+    if probe is None or not probe.usable:
+        return probe.note if probe is not None else "no probe on this judge"
+    pristine = spare()
+    if pristine is None:
+        return "no pristine spare"
+    try:
+        with probe.spinning():
+            torch.cuda.synchronize(device)
+            quiet = [probe.mark()]
+            time.sleep(QUIET_S)
+            quiet.append(probe.mark())
+            replies = _spare_calls(probe, pristine, device, call, timeout)
+            after = probe.mark()
+            gaps = probe.stop()
+    except (PassVoid, ProbeError, StageError) as exc:
+        return getattr(exc, "message", None) or str(exc)
+    if any(r.window is None for r in replies):
+        return probe.note or "a mark was missing"
+    reading = _spare_reading(gaps, replies, quiet[0], after)
+    return reading if isinstance(reading, SpareReading) else str(reading)
 
 
 def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], claimed: float,
@@ -313,16 +418,6 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         pristine = spare()
         if pristine is None:
             return "no pristine spare could run beside the candidate", None
-
-    def mark() -> int | None:
-        try:
-            return probe.mark()
-        except ProbeError:
-            return None
-
-    def timed(process: RunnerProcess, seed: int, target: str) -> CallReply:
-        torch.cuda.synchronize(device)  # the judge's own context idle inside the window
-        return process.call(seed, timeout=timeout(), timed=True, target=target, marks=mark, **call)
 
     began = time.perf_counter()
     spent: dict[str, float] = {}
@@ -343,9 +438,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                     time.sleep(QUIET_S)
                     quiet.append(probe.mark())
                     try:
-                        targets = ["reference"] + ["harness"] * SPARE_CALLS + ["forward"] * FORWARD_CALLS
-                        for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True):
-                            spare_replies.append(timed(pristine, seed, target))
+                        spare_replies = _spare_calls(probe, pristine, device, call, timeout)
                     except StageError as exc:
                         # The stage's time spent (or a spare call slowed past its limit by work the candidate left
                         # queued) is the candidate's timeout. Any other failure of a pristine spare beside the
@@ -358,9 +451,9 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                     after = probe.mark()
                 spent["spare"] = time.perf_counter() - began
             t_cand = time.perf_counter()
-            start = mark()
+            start = _mark(probe)
             for seed in seeds:
-                cand_replies.append(timed(runner, seed, "candidate"))
+                cand_replies.append(_timed(probe, runner, seed, "candidate", device, call, timeout))
             spent["candidate"] = time.perf_counter() - t_cand
             gaps = probe.stop()
     except PassVoid as exc:
@@ -383,27 +476,62 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         return f"GPU work ran between the candidate's calls, outside their windows ({between:.3f} ms)", None
     measured = None
     if pristine is not None:
-        windows = [_window(gaps, r.window) for r in spare_replies]
-        # between the spare's windows (and before and after them) no context may work: the runner's tree is stopped
-        edges = [quiet[0]] + [t for r in spare_replies for t in r.window] + [after]
-        stray = sum(busy_in(gaps, edges[k], edges[k + 1])[0] for k in range(0, len(edges), 2))
-        if stray > QUIET_MAX_MS:
-            return f"GPU work ran beside the spare's calls while the candidate was stopped ({stray:.3f} ms)", None
-        shield = spare_replies[0].shield_ms or 0.0
-        if shield <= 0 or windows[0].busy_ms < BLIND_SHARE * shield:
-            return _Skip("the probe did not see a pristine shield (MPS, or contexts that run at once)"), None
-        if any(r.event_ms is None for r in spare_replies[-FORWARD_CALLS:]):
-            return _Skip("the spare's reference calls had no event time"), None
-        measured = SpareReading(time.monotonic(), windows[2:1 + SPARE_CALLS],
-                                [(w, r.event_ms) for w, r in zip(windows[-FORWARD_CALLS:],
-                                                                 spare_replies[-FORWARD_CALLS:], strict=True)])
+        spare_read = _spare_reading(gaps, spare_replies, quiet[0], after)
+        if not isinstance(spare_read, SpareReading):
+            return spare_read, None
+        measured = spare_read
     basis = measured or kept
     assert basis is not None  # one of the two by construction: no spare only where one was kept
-    reading = read_probe(claimed, [_window(gaps, r.window) for r in cand_replies], basis.harness, basis.forwards,
-                         lowest_share)
+    cand = [_window(gaps, r.window) for r in cand_replies]
+    reading = read_probe(claimed, cand, basis.harness, basis.forwards, lowest_share)
+    reading.source = (cand, basis)
     reading.spare_age_s = 0.0 if measured else time.monotonic() - basis.at
     reading.seconds = {**{k: round(v, 3) for k, v in spent.items()}, "pass": round(time.perf_counter() - began, 3)}
     return reading, measured
+
+
+def _timed(probe: ProbeClock, process: RunnerProcess, seed: int, target: str, device: torch.device,
+           call: dict[str, Any], timeout: Callable[[], float]) -> CallReply:
+    """One probe call: the judge's own context idle inside its window, a mark at each end (None where the probe
+    failed to give one)."""
+    torch.cuda.synchronize(device)
+    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=lambda: _mark(probe), **call)
+
+
+def _mark(probe: ProbeClock) -> int | None:
+    try:
+        return probe.mark()
+    except ProbeError:
+        return None
+
+
+def _spare_calls(probe: ProbeClock, pristine: RunnerProcess, device: torch.device, call: dict[str, Any],
+                 timeout: Callable[[], float]) -> list[CallReply]:
+    """The spare's calls of a pass: the shielded reference (the self-test), the harness alone, the reference
+    unshielded."""
+    targets = ["reference"] + ["harness"] * SPARE_CALLS + ["forward"] * FORWARD_CALLS
+    return [_timed(probe, pristine, seed, target, device, call, timeout)
+            for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True)]
+
+
+def _spare_reading(gaps: list[tuple[int, int]], replies: list[CallReply], quiet: int, after: int
+                   ) -> SpareReading | _Skip | str:
+    """The spare's calls read from the probe's gaps (quiet from mark ``quiet`` to the first call, and from the last
+    to ``after``); a skip where the probe was blind, or why the reading is void."""
+    windows = [_window(gaps, r.window) for r in replies]
+    # between the spare's windows (and before and after them) no context may work: the runner's tree is stopped
+    edges = [quiet] + [t for r in replies for t in r.window] + [after]
+    stray = sum(busy_in(gaps, edges[k], edges[k + 1])[0] for k in range(0, len(edges), 2))
+    if stray > QUIET_MAX_MS:
+        return f"GPU work ran beside the spare's calls while the candidate was stopped ({stray:.3f} ms)"
+    shield = replies[0].shield_ms or 0.0
+    if shield <= 0 or windows[0].busy_ms < BLIND_SHARE * shield:
+        return _Skip("the probe did not see a pristine shield (MPS, or contexts that run at once)")
+    if any(r.event_ms is None for r in replies[-FORWARD_CALLS:]):
+        return _Skip("the spare's reference calls had no event time")
+    return SpareReading(time.monotonic(), windows[2:1 + SPARE_CALLS],
+                        [(w, r.event_ms) for w, r in zip(windows[-FORWARD_CALLS:], replies[-FORWARD_CALLS:],
+                                                         strict=True)])
 
 
 def _checked(replies: list[CallReply], seeds: list[int], reference: Callable[[int], Any],

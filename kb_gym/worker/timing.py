@@ -113,6 +113,7 @@ class PairedTiming:
     burst: Any = None  # burst.BurstReading: what K forwards back to back cost by the judge's clock (burst.py)
     probe: Any = None  # probe_check.ProbeReading: the runner's GPU time as a pristine probe saw it (probe_check.py)
     probe_note: str = ""  # why no probe pass ran where one should have
+    probe_pending: Any = None  # probe_check.AfterExit: passes to read again once the candidate's tree is gone
     # the harness's CPU time per call and its spread measured in the candidate's own runner before it loaded the
     # candidate (harness_cpu): read in place of the spare's, another process's (cpu_clock.py)
     harness_cpu: tuple[float, float] | None = None

@@ -194,9 +194,13 @@ def timing_claiming(ms: float) -> PairedTiming:
 
 
 def judge(probe, runner, spare, timing, timeout=lambda: 60.0, shares=None) -> PairedTiming:
+    """The probe check as the judge runs it: its passes, then (the candidate's tree killed: nothing it queued runs
+    any more) what was left pending read again (probe_check.settle)."""
     probe_check.confirm(probe, runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
                         lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
                         torch.device("cuda"), {}, timeout, shares, "problem")
+    runner.device.queued_ms = runner.device.delayed_ms = 0.0
+    probe_check.settle(probe, lambda: spare, timing, torch.device("cuda"), {})
     return timing
 
 

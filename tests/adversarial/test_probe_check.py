@@ -289,23 +289,26 @@ def test_a_runner_sees_only_its_judges_gpu(monkeypatch):
 
 def test_a_problems_next_candidates_are_read_against_its_kept_spare_calls():
     """The spare's 11 calls of a pass are kept per problem and path (the lowest share's, for SHARE_TTL_S) and, once
-    another evaluation's fresh pass agreed with them, stand in for a fresh spare in the next candidates' first
-    passes: an honest one is read without a spare; a liar's charge is read again against a fresh spare and stands."""
+    confirmed (measured once the candidate's tree was gone, as a problem's first pass is read again: settle), stand in
+    for a fresh spare in the next candidates' first passes: an honest one is read without a spare; a liar's charge is
+    read again against a fresh spare, then once more after its exit, and stands."""
     dev = Device()
     shares: dict = {}
-    for k in range(2):  # the first two make their own: the second's agrees with the first's
-        spare = FakeRunner(dev, 0.5)
-        first = judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
-        assert not first.probe.counted and first.probe.spare_age_s == 0.0
-        assert spare.calls == probe_check.SPARE_PASS_CALLS and shares["problem"].confirmed == (k == 1)
+    spare = FakeRunner(dev, 0.5)
+    first = judge(FakeProbe(dev), FakeRunner(dev, 0.2), spare, timing_claiming(0.2), shares=shares)
+    assert not first.probe.counted and first.probe.spare_age_s == 0.0
+    assert spare.calls == 2 * probe_check.SPARE_PASS_CALLS and shares["problem"].confirmed  # its pass, then after exit
+    assert first.probe.after_exit_share_ms == pytest.approx(first.probe.harness_ms, abs=0.01)
+    assert "after_exit" in first.probe.seconds
     honest_spare = FakeRunner(dev, 0.5)
     honest = judge(FakeProbe(dev), FakeRunner(dev, 0.2), honest_spare, timing_claiming(0.2), shares=shares)
     assert not honest.probe.counted and honest_spare.calls == 0 and honest.probe.spare_age_s > 0, honest.probe
     assert honest.probe.forward_ms == pytest.approx(first.probe.forward_ms, abs=0.01)
+    assert honest.probe.after_exit_share_ms is None and not honest.probe.after_exit  # nothing to read again
     liar_spare = FakeRunner(dev, 0.5)
     liar = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), liar_spare, timing_claiming(0.001), shares=shares)
-    assert liar.probe.counted and liar.probe.passes == 2, liar.probe
-    assert liar_spare.calls == probe_check.SPARE_PASS_CALLS  # the second pass's fresh spare
+    assert liar.probe.counted and liar.probe.passes == 2 and liar.probe.after_exit_share_ms is not None, liar.probe
+    assert liar_spare.calls == 2 * probe_check.SPARE_PASS_CALLS  # the second pass's fresh spare, then after exit
     assert liar.summary()["runtime_ms"] == pytest.approx(0.2, abs=0.01)
     # the liar's fresh spare calls (a share no higher) are kept in their place; reused REUSES times at most, then a
     # pass makes its own again
@@ -315,9 +318,11 @@ def test_a_problems_next_candidates_are_read_against_its_kept_spare_calls():
     assert [spare.calls for spare in spares] == [0] * probe_check.REUSES + [probe_check.SPARE_PASS_CALLS]
 
 
-def test_kept_spare_calls_are_confirmed_only_by_another_evaluation_and_not_by_a_swollen_reading():
-    # A candidate charged in its first pass makes a second, fresh one: two readings of one evaluation (which could
-    # both be swollen by its own delayed work) confirm nothing. A reading that disagrees confirms nothing either.
+def test_kept_spare_calls_are_confirmed_only_by_another_evaluation_and_not_by_a_swollen_reading(monkeypatch):
+    # Where no reading after the candidate's exit could be had (none here): a candidate charged in its first pass
+    # makes a second, fresh one, and two readings of one evaluation (which could both be swollen by its own delayed
+    # work) confirm nothing. A reading that disagrees confirms nothing either.
+    monkeypatch.setattr(probe_check, "_after_exit_pass", lambda *a, **k: "no pristine spare")
     dev = Device()
     shares: dict = {}
     liar = judge(FakeProbe(dev), FakeRunner(dev, 0.2, claim=0.001), FakeRunner(dev, 0.5), timing_claiming(0.001),
@@ -328,6 +333,7 @@ def test_kept_spare_calls_are_confirmed_only_by_another_evaluation_and_not_by_a_
     assert not shares["problem"].confirmed
     judge(FakeProbe(dev), FakeRunner(dev, 0.2), FakeRunner(dev, 0.5), timing_claiming(0.2), shares=shares)
     assert shares["problem"].confirmed
+    assert "none could be read (no pristine spare)" in liar.probe.after_exit  # and its passes stood as read
 
 
 def test_kept_spare_calls_expire_and_reuse_can_be_turned_off(monkeypatch):
@@ -337,7 +343,7 @@ def test_kept_spare_calls_expire_and_reuse_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(probe_check, "SHARE_TTL_S", 0.0)
     stale = FakeRunner(dev, 0.5)
     judge(FakeProbe(dev), FakeRunner(dev, 0.2), stale, timing_claiming(0.2), shares=shares)
-    assert stale.calls == probe_check.SPARE_PASS_CALLS
+    assert stale.calls == 2 * probe_check.SPARE_PASS_CALLS  # nothing kept in time: a first pass, read again
     monkeypatch.setattr(probe_check, "SHARE_TTL_S", 60.0)
     monkeypatch.setattr(probe_check, "REUSE_SPARE", False)
     fresh = FakeRunner(dev, 0.5)

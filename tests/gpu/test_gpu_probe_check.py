@@ -114,13 +114,16 @@ def test_the_probe_sees_another_processs_kernel(tmp_path):
 
 
 def test_an_honest_kernel_is_not_charged(ev):
-    for source in (reference_as_candidate(RELU), TRITON_RELU):
+    for k, source in enumerate((reference_as_candidate(RELU), TRITON_RELU)):
         r = ev.evaluate(RELU, source, config=CONFIG)
         assert r.status == "correct", (r.status, r.error)
         probe = r.correctness["envelope"]["probe"]
         assert probe and "calls" in probe, probe  # it ran: the ReLU is far under a time slice
         assert not probe["counted"] and "side_stream" not in r.flags, (probe, r.flags)
         assert r.runtime_ms < MAX_CLAIM_MS
+        if k == 0:  # the problem's first pass, read again once the candidate's tree was gone (probe_check.settle)
+            assert probe["after_exit_share_ms"] is not None, probe
+            assert r.stage_seconds.get("probe_after_exit", 0) > 0, r.stage_seconds
 
 
 def test_a_false_event_time_is_charged_what_the_probe_saw(ev):
@@ -129,6 +132,7 @@ def test_a_false_event_time_is_charged_what_the_probe_saw(ev):
     probe = r.correctness["envelope"]["probe"]
     assert probe["counted"] and "side_stream" in r.flags, (probe, r.flags)
     assert probe["forward_ms"] > 0.02 and r.runtime_ms >= probe["forward_ms"] * 0.9, (probe, r.runtime_ms)
+    assert probe["after_exit_share_ms"] is not None, probe  # a charge is read again once its tree is gone
     honest = ev.evaluate(RELU, TRITON_RELU, config=CONFIG)  # the next honest evaluation is judged as on a fresh one
     assert honest.status == "correct", (honest.status, honest.error)
     assert not honest.correctness["envelope"]["probe"]["counted"], honest.correctness["envelope"]["probe"]
