@@ -32,6 +32,14 @@ either exceeds the claim by more than its tolerance, every timed call is charged
 alone. A second pass must show a GPU charge too (another judge's runner starting on the device outside the lock
 shows as gaps as well); the smaller stands.
 
+The spare's calls beside a live candidate may be swollen by work it queued before it stopped (round 24: work delayed
+behind copy-engine copies lands in the spare's windows), so a pass is held to the lowest share the problem's passes
+measured lately too (SHARE_TTL_S). Where nothing held it (a problem's first pass) or where it charges, the passes are
+read again once the candidate's tree is gone (``settle``, after the runner's kill: nothing it queued can run then):
+the spare's calls once more, against the lower of each pass's own share and that one, which is kept as the
+problem's share. So a swell cannot hide a first pass's lie, and a harness that got dearer since the kept share
+(round 26) costs an honest candidate nothing.
+
 Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, GPU work
 between its calls, a flood of gaps past the record, a pass that outlived the probe's kernel, a spare that failed
 beside it) is void, and a claim no pass could confirm is ``unverified_timing`` (no speed credit); a later pass the
