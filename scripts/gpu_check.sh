@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
 #   PART: ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
-#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), probewall (the probe check's wall reading on honest candidates, per window), probecost (the fidelity cases without and with the probe check: its cost per evaluation), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), spares (the batch with one pristine spare per judge, then two; SPARES_ORDER), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), probewall (the probe check's wall reading on honest candidates, per window), probecost (the fidelity cases without and with the probe check: its cost per evaluation), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -79,12 +79,6 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                 kb bench --batch --no-kernelbench-way --workers-per-device 2 --out "$OUT/batch-memfd.json" && \
                 KB_GYM_DEVICE_PAYLOAD=1 kb bench --batch --no-kernelbench-way --workers-per-device 2 \
                   --out "$OUT/batch-device.json" ;;
-    # One pristine spare per judge (the default) against two (runner_pool.py): the batch both ways on one machine,
-    # its CUDA builds made before each clock (--warm-builds), so that only spare_wait and what it buys differ.
-    spares) for n in ${SPARES_ORDER:-1 2}; do
-              KB_GYM_SPARES=$n kb bench --batch --no-kernelbench-way --warm-builds --workers-per-device 2 \
-                --out "$OUT/batch-spares$n.json" || return 1
-            done ;;
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;
@@ -196,7 +190,6 @@ cat "$OUT/probewall.log" 2>/dev/null
 tail -n 10 "$OUT/fidelity.log" 2>/dev/null
 tail -n 14 "$OUT/batch.log" 2>/dev/null
 grep -E "^Evaluator:|passed|failed" "$OUT/devpayload.log" 2>/dev/null
-grep -E "^Evaluator:|^stage medians|^CUDA cold" "$OUT/spares.log" 2>/dev/null
 grep -E "wall|per GPU-hour|busy" "$OUT/ray.log" 2>/dev/null | tail -8
 grep -E "^Evaluator:" "$OUT/multi.log" 2>/dev/null
 tail -n 8 "$OUT/refcopy.log" 2>/dev/null
