@@ -404,8 +404,11 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     try:
         if state.get("runner") is not None:
             state["chunk_bytes"] = timed_chunk_bytes(job["config"], state, result)
+            began = time.perf_counter()
             state["calibration"] = spare_calibration(ctx, job, ref_mod, ref_model, state["runner"], spare, dtype,
                                                 deadline, state["chunk_bytes"], widen=bool(state.get("widen")))
+            # the timing stage's split (with spare_wait, timing_loop, second_opinion, probe_check): where it goes
+            result["stage_seconds"]["calibration"] = time.perf_counter() - began
         timing_stage(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     finally:  # a timing cut short by a verdict still held the device
         stages["timing"] = time.perf_counter() - t0

@@ -181,9 +181,11 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
     try:
         timing = timed_loop(state.get("calibration"))
         if timing.hidden_work() and not timing.mismatch and runner is not None:
+            began = time.perf_counter()
             second_opinion(ctx, job, ref_mod, ref_model, runner, dtype, deadline, state, timing)
             if timing.hidden_work():
                 timing = retime(timing, timed_loop, deadline)
+            result["stage_seconds"]["second_opinion"] = time.perf_counter() - began
         if timing.cpu_counted() and not timing.mismatch and not timing.retimed and runner is not None:
             # the CPU clock's charge, weighed once more too: an honest 0.07 ms GELU read over its 0.2 ms tolerance
             # once in ~1,800 evaluations of a whole-suite run (session 32), and never in 60 more alone or loaded
