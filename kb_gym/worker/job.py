@@ -242,15 +242,15 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
-            runner.kill(keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext",
-                                                               build_cache.toolchain(ctx.device)))
-                        if state.get("build_kept") == "at_exit" else None)
+            tools = build_cache.toolchain(ctx.device) if state.get("build_kept") == "at_exit" else None
+            state["runner_gone"] = runner.kill(
+                keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext", tools)) if tools else None)
             # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
         after_exit = state.pop("after_exit", None)
         if after_exit is not None and "status" not in result:  # a timing verdict waiting for the tree to be gone
             try:
-                after_exit()
+                after_exit(bool(state.get("runner_gone")))
             except Exception as exc:  # noqa: BLE001 - the judge's own failure, as in the pipeline
                 result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
         state.clear()

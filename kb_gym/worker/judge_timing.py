@@ -209,10 +209,10 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
             if timing.probe_pending is not None:
                 # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)
-                state["after_exit"] = lambda: _after_exit_verdict(
+                state["after_exit"] = lambda gone: _after_exit_verdict(
                     ctx, spare, timing, cached, result, state, {"byte_limit": state.get("byte_limit", 1 << 30),
                                                                 "chunk_bytes": state.get("chunk_bytes", 0),
-                                                                "widen": widen})
+                                                                "widen": widen}, gone)
                 return
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
@@ -225,10 +225,11 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
 
 
 def _after_exit_verdict(ctx: WorkerContext, spare: LazySpare, timing: PairedTiming, cached: dict[str, Any] | None,
-                        result: dict[str, Any], state: dict[str, Any], call: dict[str, Any]) -> None:
-    """The timing verdict of a probe check left pending (probe_check.settle), its seconds in ``probe_after_exit``."""
+                        result: dict[str, Any], state: dict[str, Any], call: dict[str, Any], gone: bool) -> None:
+    """The timing verdict of a probe check left pending (probe_check.settle), its seconds in ``probe_after_exit``;
+    ``gone``: whether the candidate's whole tree was gone (else nothing is read after it)."""
     began = time.perf_counter()
-    probe_check.settle(ctx.usable_probe(), spare.get, timing, ctx.device, call)
+    probe_check.settle(ctx.usable_probe(), spare.get, timing, ctx.device, call, gone)
     result["stage_seconds"]["probe_after_exit"] = time.perf_counter() - began
     timing_verdict(timing, cached, result, state)
 

@@ -270,13 +270,10 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     valid: list[ProbeReading] = []
     voids: list[str] = []
     origin = object()  # this evaluation's, on the spare readings its passes measure
-    unkept: bool | None = None  # whether the first pass had no share of the problem's to be held to
     for _ in range(ATTEMPTS):
         kept = (shares or {}).get(key)
         if kept is not None and time.monotonic() - kept.at >= SHARE_TTL_S:
             kept = None
-        if unkept is None:
-            unkept = kept is None
         reuse = (kept if REUSE_SPARE and not valid and kept is not None and kept.confirmed and kept.uses < REUSES
                  else None)
         if reuse is not None:
@@ -284,16 +281,7 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
         outcome, measured = _one_pass(probe, runner, spare, claimed, reference, check, device, call,
                                       lambda: min(limit, timeout()), kept.share_ms if kept else None, reuse)
         if measured is not None and shares is not None:
-            measured.origin = origin
-            # reused only once another evaluation's pass agreed with it: a first pass a candidate swelled (round
-            # 24's delayed work, on a problem with no earlier share) would otherwise stand for the next REUSES
-            # candidates' spares (round 26)
-            agrees = kept is not None and kept.origin is not origin and kept.agrees(measured)
-            if kept is None or measured.share_ms <= kept.share_ms:
-                measured.confirmed = agrees
-                shares[key] = measured
-            elif agrees:
-                kept.confirmed = True
+            _keep(shares, key, measured, origin)
         if isinstance(outcome, _Mismatch):
             timing.mismatch = str(outcome)
             return
@@ -307,6 +295,7 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
             voids.append(outcome)
             time.sleep(RETRY_WAIT_S)
             continue
+        outcome.source = (*outcome.source, kept)  # what it was held to, besides its own spare calls
         valid.append(outcome)
         if not outcome.counted or len(valid) >= PASSES:
             break
@@ -321,12 +310,17 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     # which only the problem's lowest share holds in check, and that share may be stale (the harness got dearer
     # since: round 26). A reading once its tree is gone is neither: wanted where nothing held this pass, or where it
     # charges (rare for an honest candidate, and a liar's charge can only grow by it).
-    why = ("the problem's first pass: no share kept to hold it to" if unkept else
+    # held to nothing but this evaluation's own spare calls: none kept, or expired between its passes (round 27)
+    unheld = any(r.source[2] is None or r.source[2].origin is origin for r in valid)
+    why = (FIRST_PASS if unheld else
            "a charge: the shares it rests on may be older than a change of the harness's cost" if chosen.counted else
            "")
     if why:
         chosen.after_exit = why
-        timing.probe_pending = AfterExit(valid, shares, key)
+        timing.probe_pending = AfterExit(valid, shares, key, origin)
+
+
+FIRST_PASS = "held to no other evaluation's share"
 
 
 def _chosen(valid: list[ProbeReading]) -> ProbeReading:
@@ -336,14 +330,19 @@ def _chosen(valid: list[ProbeReading]) -> ProbeReading:
 
 
 def _read_again(r: ProbeReading, post: SpareReading) -> ProbeReading:
-    """``r``'s windows read against the spare calls measured once the candidate's tree was gone (``post``): with the
-    lower share and idle time of those and its pass's own spare calls, or against those alone where the pass had
-    none of its own (it reused kept ones)."""
-    cand, basis = r.source
-    if r.spare_age_s > 0:
-        again = read_probe(r.claimed_ms, cand, post.harness, post.forwards)
+    """``r``'s windows read again given the spare calls measured once the candidate's tree was gone (``post``): the
+    lower share and idle time of those and the pass's own, where the two agree (so a harness that got dearer since a
+    kept share was measured charges nothing: round 26); where they disagree, one of them is swollen (the pass's by the
+    candidate's queued work, round 24; ``post``'s by a neighbour's kernels, round 27) and the lowest of the pass's
+    own, the kept share it was held to and ``post`` stands. A pass that reused kept calls is held to the lower of
+    those and ``post``."""
+    cand, basis, kept = r.source
+    if r.spare_age_s > 0 or not basis.agrees(post):
+        held = [x for x in (kept, post) if x is not None]
+        share, idle = min(x.share_ms for x in held), min(x.idle_ms for x in held)
     else:
-        again = read_probe(r.claimed_ms, cand, basis.harness, basis.forwards, post.share_ms, post.idle_ms)
+        share, idle = post.share_ms, post.idle_ms
+    again = read_probe(r.claimed_ms, cand, basis.harness, basis.forwards, share, idle)
     again.source, again.spare_age_s, again.seconds = r.source, r.spare_age_s, r.seconds
     again.passes, again.voids, again.after_exit = r.passes, r.voids, r.after_exit
     return again
@@ -357,24 +356,39 @@ class AfterExit:
     valid: list[ProbeReading]
     shares: dict[Any, SpareReading] | None
     key: Any
+    origin: object  # the evaluation's own token (confirm): its readings confirm no kept share
 
 
 def settle(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], timing: Any, device: torch.device,
-           call: dict[str, Any]) -> None:
+           call: dict[str, Any], gone: bool = True) -> None:
     """Finish ``timing``'s probe check where ``confirm`` left it pending: with the candidate's tree gone (killed and
     waited for: no work it queued can run any more), the spare's calls once more, alone beside the probe, and the
-    passes read again against the lower of their own share and this one (idle time likewise). Where that reading
-    cannot be had, the passes stand as ``confirm`` read them. The reading is kept as the problem's share where it is
-    the lowest: no candidate was alive to swell it."""
+    passes read again (``_read_again``). ``gone``: whether the candidate's whole tree was gone. Tried ATTEMPTS
+    times; where no reading could be had, a charge stands as ``confirm`` read it, and a pass held to nothing else is
+    unverified where the reading was void (a neighbour's work beside the spare's calls, the spare failing, the tree
+    not gone: round 27) and stands where the probe itself failed. The reading is kept as the problem's share where it
+    is the lowest, unconfirmed until another evaluation's fresh pass agrees (a neighbour can swell it too)."""
     pending, timing.probe_pending = timing.probe_pending, None
     if pending is None or timing.probe is None:
         return
     began = time.perf_counter()
     # after the timing stage's clock (the kernel checks ran since): a spare call may take what a probe call may
     limit = 1.0 + CALL_SECONDS * median_of(timing.cand.envelope_ms) / 1e3
-    outcome = _after_exit_pass(probe, spare, device, call, lambda: limit)
-    if isinstance(outcome, str):
+    outcome: SpareReading | _Skip | str = "the candidate's tree was not gone"
+    for attempt in range(ATTEMPTS if gone else 0):
+        if attempt:
+            time.sleep(RETRY_WAIT_S)
+        outcome = _after_exit_pass(probe, spare, device, call, lambda: limit)
+        if not isinstance(outcome, str) or isinstance(outcome, _Skip):
+            break
+    if not isinstance(outcome, SpareReading):
         timing.probe.after_exit += f"; none could be read ({outcome[:200]})"
+        if timing.probe.after_exit.startswith(FIRST_PASS):
+            if not isinstance(outcome, _Skip):
+                timing.probe.unverified = f"nothing after the candidate's exit to hold its passes to: {outcome[:200]}"
+            kept = (pending.shares or {}).get(pending.key)
+            if kept is not None and kept.origin is pending.origin:  # its own spare calls, maybe swollen: not kept
+                del pending.shares[pending.key]
         return
     post = outcome
     valid = [_read_again(r, post) for r in pending.valid]
@@ -383,20 +397,36 @@ def settle(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], 
     chosen.seconds = {**chosen.seconds, "after_exit": round(time.perf_counter() - began, 3)}
     timing.probe = chosen
     if pending.shares is not None:
-        kept = pending.shares.get(pending.key)
-        if kept is None or time.monotonic() - kept.at >= SHARE_TTL_S or post.share_ms <= kept.share_ms:
-            post.confirmed = True  # measured with no candidate alive: reused at once
-            pending.shares[pending.key] = post
+        _keep(pending.shares, pending.key, post, pending.origin)
+
+
+def _keep(shares: dict[Any, SpareReading], key: Any, measured: SpareReading, origin: object) -> None:
+    """``measured`` (spare calls of the evaluation whose token is ``origin``) kept as the problem's where its share is
+    the lowest within SHARE_TTL_S. Reused only once another evaluation's reading agreed with it (``confirmed``): a
+    reading a candidate swelled (round 24's delayed work, on a problem with no earlier share) or a neighbour swelled
+    after its exit would otherwise stand for the next REUSES candidates' spares (rounds 26 and 27)."""
+    kept = shares.get(key)
+    if kept is not None and time.monotonic() - kept.at >= SHARE_TTL_S:
+        kept = None
+    measured.origin = origin
+    agrees = kept is not None and kept.agrees(measured)
+    if kept is None or measured.share_ms <= kept.share_ms:
+        # confirmed by another evaluation's reading, or by agreeing with a confirmed one
+        measured.confirmed = agrees and (kept.origin is not origin or kept.confirmed)
+        shares[key] = measured
+    elif agrees and kept.origin is not origin:
+        kept.confirmed = True
 
 
 def _after_exit_pass(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], device: torch.device,
-                     call: dict[str, Any], timeout: Callable[[], float]) -> SpareReading | str:
-    """The spare's calls of a pass beside the probe with no candidate alive, read; or why none could be."""
+                     call: dict[str, Any], timeout: Callable[[], float]) -> SpareReading | _Skip | str:
+    """The spare's calls of a pass beside the probe with no candidate alive, read; or why none could be: a skip
+    where the probe or the judge's pool failed, a void reading otherwise."""
     if probe is None or not probe.usable:
-        return probe.note if probe is not None else "no probe on this judge"
+        return _Skip(probe.note if probe is not None else "no probe on this judge")
     pristine = spare()
     if pristine is None:
-        return "no pristine spare"
+        return _Skip("no pristine spare")
     try:
         with probe.spinning():
             torch.cuda.synchronize(device)
@@ -406,12 +436,13 @@ def _after_exit_pass(probe: ProbeClock | None, spare: Callable[[], RunnerProcess
             replies = _spare_calls(probe, pristine, device, call, timeout)
             after = probe.mark()
             gaps = probe.stop()
-    except (PassVoid, ProbeError, StageError) as exc:
+    except ProbeError as exc:
+        return _Skip(str(exc))
+    except (PassVoid, StageError) as exc:
         return getattr(exc, "message", None) or str(exc)
     if any(r.window is None for r in replies):
-        return probe.note or "a mark was missing"
-    reading = _spare_reading(gaps, replies, quiet[0], after)
-    return reading if isinstance(reading, SpareReading) else str(reading)
+        return _Skip(probe.note or "a mark was missing")
+    return _spare_reading(gaps, replies, quiet[0], after)
 
 
 def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], claimed: float,

@@ -612,10 +612,10 @@ class RunnerProcess:
             os.close(self.payload.fd)
             self.payload = None
 
-    def kill(self, keep: Callable[[Path], None] | None = None) -> None:
+    def kill(self, keep: Callable[[Path], None] | None = None) -> bool:
         """End the runner and every process of its tree, and remove its scratch folder; ``keep`` is called
         with the scratch folder once the whole tree is gone (nothing of the candidate can change it then) and
-        before the folder is removed."""
+        before the folder is removed. Whether the whole tree was gone within 10 s."""
         self._large_buffer = None
         # Every process of the tree, not only the runner, is gone before the next candidate is judged: a SIGKILL
         # lands when a process leaves the kernel, and children inside a long system call (MAP_POPULATE: seconds)
@@ -652,6 +652,7 @@ class RunnerProcess:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
+        return gone
 
 
 def _running(pid: int) -> bool:
