@@ -307,10 +307,10 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     chosen.passes, chosen.voids = len(valid), len(voids)
     timing.probe = chosen
     # Every spare reading beside a live candidate is one its queued work may have swelled (round 24's delayed work),
-    # which only the problem's lowest share holds in check, and that share may be stale (the harness got dearer
-    # since: round 26). A reading once its tree is gone is neither: wanted where nothing held this pass, or where it
-    # charges (rare for an honest candidate, and a liar's charge can only grow by it).
-    # held to nothing but this evaluation's own spare calls: none kept, or expired between its passes (round 27)
+    # which only another evaluation's lowest share holds in check, and that share may be stale (the harness got
+    # dearer since: round 26). A reading once its tree is gone is neither: wanted where nothing else held a pass
+    # (none kept, or kept only by this evaluation, or expired between its passes: round 27), or where it charges
+    # (rare for an honest candidate).
     unheld = any(r.source[2] is None or r.source[2].origin is origin for r in valid)
     why = (FIRST_PASS if unheld else
            "a charge: the shares it rests on may be older than a change of the harness's cost" if chosen.counted else
