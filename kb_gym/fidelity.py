@@ -225,6 +225,12 @@ def _row(case: FidelityCase, preset: str, evals: list[tuple[Any, float]], bare: 
     if any(isinstance(p, dict) and "seconds" in p for p in probes):
         row["probe_check_s"] = [round(e.stage_seconds.get("probe_check", 0.0), 3) for e, _ in evals]
         row["probe_pass_s"] = [p.get("seconds") if isinstance(p, dict) else None for p in probes]
+        # the reading after the candidate's exit (probe_check.settle), where one ran: its seconds, and how far its
+        # harness share lay from the pass's own (on honest cases the drift an honest first pass may be charged)
+        row["probe_after_exit_s"] = [round(e.stage_seconds.get("probe_after_exit", 0.0), 3) for e, _ in evals]
+        row["probe_after_exit_drift_ms"] = [
+            round(p["after_exit_share_ms"] - p["harness_ms"], 4)
+            if isinstance(p, dict) and p.get("after_exit_share_ms") is not None else None for p in probes]
     if r.runtime_ms and bare["cand_events_ms"]:
         row["cand_ratio"] = r.runtime_ms / bare["cand_events_ms"]
         row["ref_ratio"] = r.ref_runtime_ms / bare["ref_events_ms"]

@@ -4,7 +4,8 @@
 
 Per case: the median wall per evaluation less its load stage (a cold CUDA build is no cost of the probe), both ways,
 their ratio, and with the probe each repeat's probe stage and how its pass split (the spare's calls, the candidate's,
-the checks after the probe's stop); then the ratio of the sums and the median ratio, against issue 10's 1.5x budget.
+the checks after the probe's stop), and the reading after the candidate's exit where one ran (its seconds, and its
+harness share less the pass's own); then the ratio of the sums and the median ratio, against issue 10's 1.5x budget.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def compare(off: dict[str, Any], on: dict[str, Any]) -> tuple[list[str], dict[st
         passes = " ".join(
             "/".join(f"{k} {v:.2f}" for k, v in p.items()) if p else "-" for p in row.get("probe_pass_s") or [])
         stage = "/".join(f"{v:.2f}" for v in row.get("probe_check_s") or []) or "-"
+        after = "/".join(f"{v:.2f}" for v in row.get("probe_after_exit_s") or []) or "-"
+        drift = "/".join("-" if v is None else f"{v:+.4f}" for v in row.get("probe_after_exit_drift_ms") or []) or "-"
         lines.append(f"{row['case']:<32} off {a:6.2f}s on {b:6.2f}s x{b / a if a else float('nan'):5.2f}  "
-                     f"probe_check {stage}  {passes}")
+                     f"probe_check {stage}  after_exit {after} (share drift ms {drift})  {passes}")
     if not pairs:
         return ["no case in both reports"], {}
     total_off, total_on = sum(a for a, _ in pairs), sum(b for _, b in pairs)

@@ -65,17 +65,19 @@ def test_a_row_keeps_each_repeats_probe_check_where_the_probe_ran():
 
     from kb_gym.fidelity import _row, format_row
 
-    def result(probe_s: float, probe: dict | None) -> SimpleNamespace:
+    def result(probe_s: float, probe: dict | None, after_s: float = 0.0) -> SimpleNamespace:
         return SimpleNamespace(status="correct", flags=[], error=None, runtime_ms=0.5, ref_runtime_ms=1.0,
                                speedup=2.0, timing_reps=10, correctness={"envelope": {"probe": probe}},
-                               stage_seconds={"probe_check": probe_s, "timing": 2.0})
+                               stage_seconds={"probe_check": probe_s, "timing": 2.0, "probe_after_exit": after_s})
 
     bare = {"cand_events_ms": 0.5, "ref_events_ms": 1.0, "cand_kb_events_ms": 0.6, "cand_graph_ms": None}
-    fresh = {"spare": 0.9, "candidate": 0.2, "checks": 0.1, "pass": 1.3}
+    fresh = {"spare": 0.9, "candidate": 0.2, "checks": 0.1, "pass": 1.3, "after_exit": 0.3}
     reused = {"candidate": 0.2, "checks": 0.1, "pass": 0.35}
-    row = _row(CASES[0], "default", [(result(1.31, {"seconds": fresh}), 3.0), (result(0.36, {"seconds": reused}), 2.0)],
+    first = {"seconds": fresh, "harness_ms": 0.6, "after_exit_share_ms": 0.612}  # read again after its exit
+    row = _row(CASES[0], "default", [(result(1.31, first, 0.3), 3.0), (result(0.36, {"seconds": reused}), 2.0)],
                bare)
     assert row["probe_check_s"] == [1.31, 0.36] and row["probe_pass_s"] == [fresh, reused]
+    assert row["probe_after_exit_s"] == [0.3, 0.0] and row["probe_after_exit_drift_ms"] == [pytest.approx(0.012), None]
     assert format_row(row).endswith("probe_check_s 1.31/0.36")
     plain = _row(CASES[0], "default", [(result(0.0, None), 2.0)], bare)
     assert "probe_check_s" not in plain and "probe_check_s" not in format_row(plain)
@@ -97,13 +99,15 @@ def test_the_probe_cost_script_compares_own_time_per_case_without_the_load(tmp_p
     off = {"rows": [{"case": "a", "preset": "default", "wall_s": 12.0, "stage_seconds": {"load": 10.0}},
                     {"case": "b", "preset": "default", "wall_s": 1.0, "stage_seconds": {}}]}
     on = {"rows": [{"case": "a", "preset": "default", "wall_s": 13.0, "stage_seconds": {"load": 10.0},
-                    "probe_check_s": [1.5, 0.5], "probe_pass_s": [{"spare": 1.0, "pass": 1.4}, {"pass": 0.4}]},
+                    "probe_check_s": [1.5, 0.5], "probe_pass_s": [{"spare": 1.0, "pass": 1.4}, {"pass": 0.4}],
+                    "probe_after_exit_s": [0.3, 0.0], "probe_after_exit_drift_ms": [0.012, None]},
                    {"case": "b", "preset": "default", "wall_s": 1.2, "stage_seconds": {}},
                    {"case": "only_on", "preset": "default", "wall_s": 5.0, "stage_seconds": {}}]}
     lines, totals = probe_cost.compare(off, on)
     assert totals["off_s"] == 3.0 and totals["on_s"] == pytest.approx(4.2)
     assert totals["ratio"] == pytest.approx(1.4) and totals["median_ratio"] == pytest.approx((1.5 + 1.2) / 2)
     assert lines[0].startswith("a ") and "probe_check 1.50/0.50" in lines[0] and "spare 1.00/pass 1.40" in lines[0]
+    assert "after_exit 0.30/0.00 (share drift ms +0.0120/-)" in lines[0]
     assert len(lines) == 3 and "budget x1.5" in lines[-1]
     (tmp_path / "off.json").write_text(json.dumps(off))
     (tmp_path / "on.json").write_text(json.dumps(on))
