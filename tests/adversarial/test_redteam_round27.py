@@ -242,7 +242,7 @@ def test_a_settle_that_cannot_read_never_raises_into_the_judge_and_keeps_a_charg
 
 
 def test_a_first_pass_the_liar_voided_on_purpose_is_still_read_after_exit():
-    # unkept is decided at the first attempt, void or not: the swollen second pass is still "the first".
+    # a void first attempt changes nothing: the swollen valid pass is still held to no other evaluation's share.
     dev = Device()
     liar = DelayedIntruder(dev, 0.35, claim=0.05, queued=(5.0, 0.0))  # work queued at its first freeze: void
     t = judge(FakeProbe(dev), liar, IntrudedSpare(dev, 0.5), timing_claiming(0.05), shares={})
