@@ -200,19 +200,18 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
         if runner is not None and cfg.get("probe_check"):
             spare = LazySpare(ctx, job, deadline, lambda: deadline - time.monotonic())
             began = time.perf_counter()
+            call = {"byte_limit": state.get("byte_limit", 1 << 30), "chunk_bytes": state.get("chunk_bytes", 0),
+                    "widen": widen}
             probe_check.confirm(
                 ctx.usable_probe(), runner, spare.get, timing,
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
-                check, ctx.device, {"byte_limit": state.get("byte_limit", 1 << 30),
-                                    "chunk_bytes": state.get("chunk_bytes", 0), "widen": widen}, call_timeout,
-                ctx.harness_shares, path_key(job, state.get("chunk_bytes", 0), widen))
+                check, ctx.device, call, call_timeout, ctx.harness_shares,
+                path_key(job, state.get("chunk_bytes", 0), widen))
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
             if timing.probe_pending is not None:
                 # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)
-                state["after_exit"] = lambda gone: _after_exit_verdict(
-                    ctx, spare, timing, cached, result, state, {"byte_limit": state.get("byte_limit", 1 << 30),
-                                                                "chunk_bytes": state.get("chunk_bytes", 0),
-                                                                "widen": widen}, gone)
+                state["after_exit"] = lambda gone: _after_exit_verdict(ctx, spare, timing, cached, result, state,
+                                                                       call, gone)
                 return
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):

@@ -36,9 +36,10 @@ The spare's calls beside a live candidate may be swollen by work it queued befor
 behind copy-engine copies lands in the spare's windows), so a pass is held to the lowest share the problem's passes
 measured lately too (SHARE_TTL_S). Where nothing held it (a problem's first pass) or where it charges, the passes are
 read again once the candidate's tree is gone (``settle``, after the runner's kill: nothing it queued can run then):
-the spare's calls once more, against the lower of each pass's own share and that one, which is kept as the
-problem's share. So a swell cannot hide a first pass's lie, and a harness that got dearer since the kept share
-(round 26) costs an honest candidate nothing.
+the spare's calls once more, against the lower of each pass's own share and that one where the two agree, else the
+lowest of those and the kept share (``_read_again``); that reading is kept for the problem where lowest. So a swell
+cannot hide a first pass's lie, and a harness that got dearer since the kept share (round 26) costs an honest
+candidate nothing.
 
 Fail closed: a pass the candidate's calls left unreadable (the device never quiet while it was stopped, GPU work
 between its calls, a flood of gaps past the record, a pass that outlived the probe's kernel, a spare that failed
@@ -155,8 +156,9 @@ class ProbeReading:
         return FLOOR_MS if self.passes and not self.unverified else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
-        return {**dataclasses.asdict(ProbeReading(**out)), "counted": self.counted}
+        out = dataclasses.asdict(dataclasses.replace(self, source=None))
+        del out["source"]
+        return {**out, "counted": self.counted}
 
 
 @dataclass
@@ -279,7 +281,7 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
         if reuse is not None:
             reuse.uses += 1
         outcome, measured = _one_pass(probe, runner, spare, claimed, reference, check, device, call,
-                                      lambda: min(limit, timeout()), kept.share_ms if kept else None, reuse)
+                                      lambda: min(limit, timeout()), kept, reuse)
         if measured is not None and shares is not None:
             _keep(shares, key, measured, origin)
         if isinstance(outcome, _Mismatch):
@@ -295,7 +297,6 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
             voids.append(outcome)
             time.sleep(RETRY_WAIT_S)
             continue
-        outcome.source = (*outcome.source, kept)  # what it was held to, besides its own spare calls
         valid.append(outcome)
         if not outcome.counted or len(valid) >= PASSES:
             break
@@ -312,15 +313,12 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     # (none kept, or kept only by this evaluation, or expired between its passes: round 27), or where it charges
     # (rare for an honest candidate).
     unheld = any(r.source[2] is None or r.source[2].origin is origin for r in valid)
-    why = (FIRST_PASS if unheld else
+    why = ("held to no other evaluation's share" if unheld else
            "a charge: the shares it rests on may be older than a change of the harness's cost" if chosen.counted else
            "")
     if why:
         chosen.after_exit = why
-        timing.probe_pending = AfterExit(valid, shares, key, origin)
-
-
-FIRST_PASS = "held to no other evaluation's share"
+        timing.probe_pending = AfterExit(valid, shares, key, origin, unheld)
 
 
 def _chosen(valid: list[ProbeReading]) -> ProbeReading:
@@ -357,6 +355,7 @@ class AfterExit:
     shares: dict[Any, SpareReading] | None
     key: Any
     origin: object  # the evaluation's own token (confirm): its readings confirm no kept share
+    unheld: bool  # a pass was held to no other evaluation's share: a void reading after the exit leaves it unverified
 
 
 def settle(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], timing: Any, device: torch.device,
@@ -383,7 +382,7 @@ def settle(probe: ProbeClock | None, spare: Callable[[], RunnerProcess | None], 
             break
     if not isinstance(outcome, SpareReading):
         timing.probe.after_exit += f"; none could be read ({outcome[:200]})"
-        if timing.probe.after_exit.startswith(FIRST_PASS):
+        if pending.unheld:
             if not isinstance(outcome, _Skip):
                 timing.probe.unverified = f"nothing after the candidate's exit to hold its passes to: {outcome[:200]}"
             kept = (pending.shares or {}).get(pending.key)
@@ -429,12 +428,7 @@ def _after_exit_pass(probe: ProbeClock | None, spare: Callable[[], RunnerProcess
         return _Skip("no pristine spare")
     try:
         with probe.spinning():
-            torch.cuda.synchronize(device)
-            quiet = [probe.mark()]
-            time.sleep(QUIET_S)
-            quiet.append(probe.mark())
-            replies = _spare_calls(probe, pristine, device, call, timeout)
-            after = probe.mark()
+            replies, quiet, after = _spare_stage(probe, pristine, device, call, timeout)
             gaps = probe.stop()
     except ProbeError as exc:
         return _Skip(str(exc))
@@ -442,16 +436,16 @@ def _after_exit_pass(probe: ProbeClock | None, spare: Callable[[], RunnerProcess
         return getattr(exc, "message", None) or str(exc)
     if any(r.window is None for r in replies):
         return _Skip(probe.note or "a mark was missing")
-    return _spare_reading(gaps, replies, quiet[0], after)
+    return _spare_reading(gaps, replies, quiet, after)
 
 
 def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], claimed: float,
               reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], device: torch.device,
-              call: dict[str, Any], timeout: Callable[[], float], lowest_share: float | None = None,
+              call: dict[str, Any], timeout: Callable[[], float], held: SpareReading | None = None,
               kept: SpareReading | None = None) -> tuple[ProbeReading | _Mismatch | _Skip | str, SpareReading | None]:
     """One pass: a reading, a wrong output, a skip (the probe's own failure), or why the pass is void; and the
     spare's calls it made where they could be read (None where it was read against ``kept``, which stands in for
-    them)."""
+    them). ``held``: the problem's kept reading whose share the pass is held to where lower than its own."""
     pristine = None
     if kept is None:
         pristine = spare()
@@ -463,8 +457,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     spare_replies: list[CallReply] = []
     cand_replies: list[CallReply] = []
     seeds = fresh_seeds(CALLS)
-    quiet: list[int] = []
-    after = 0
+    quiet = after = 0
     start: int | None = None
     try:
         with probe.spinning():
@@ -472,12 +465,8 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                 with runner.frozen():
                     # Work the candidate queued before its tree stopped runs on (a CPU stop does not reach the GPU):
                     # it must be done before the spare's calls, or it would swell the harness's share it is held to.
-                    torch.cuda.synchronize(device)
-                    quiet = [probe.mark()]
-                    time.sleep(QUIET_S)
-                    quiet.append(probe.mark())
                     try:
-                        spare_replies = _spare_calls(probe, pristine, device, call, timeout)
+                        spare_replies, quiet, after = _spare_stage(probe, pristine, device, call, timeout)
                     except StageError as exc:
                         # The stage's time spent (or a spare call slowed past its limit by work the candidate left
                         # queued) is the candidate's timeout. Any other failure of a pristine spare beside the
@@ -487,7 +476,6 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
                         if exc.status == "timeout":
                             raise
                         return f"the spare failed beside the candidate: {exc.message[:200]}", None
-                    after = probe.mark()
                 spent["spare"] = time.perf_counter() - began
             t_cand = time.perf_counter()
             start = _mark(probe)
@@ -515,15 +503,15 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
         return f"GPU work ran between the candidate's calls, outside their windows ({between:.3f} ms)", None
     measured = None
     if pristine is not None:
-        spare_read = _spare_reading(gaps, spare_replies, quiet[0], after)
+        spare_read = _spare_reading(gaps, spare_replies, quiet, after)
         if not isinstance(spare_read, SpareReading):
             return spare_read, None
         measured = spare_read
     basis = measured or kept
     assert basis is not None  # one of the two by construction: no spare only where one was kept
     cand = [_window(gaps, r.window) for r in cand_replies]
-    reading = read_probe(claimed, cand, basis.harness, basis.forwards, lowest_share)
-    reading.source = (cand, basis)
+    reading = read_probe(claimed, cand, basis.harness, basis.forwards, held.share_ms if held else None)
+    reading.source = (cand, basis, held)
     reading.spare_age_s = 0.0 if measured else time.monotonic() - basis.at
     reading.seconds = {**{k: round(v, 3) for k, v in spent.items()}, "pass": round(time.perf_counter() - began, 3)}
     return reading, measured
@@ -544,13 +532,18 @@ def _mark(probe: ProbeClock) -> int | None:
         return None
 
 
-def _spare_calls(probe: ProbeClock, pristine: RunnerProcess, device: torch.device, call: dict[str, Any],
-                 timeout: Callable[[], float]) -> list[CallReply]:
-    """The spare's calls of a pass: the shielded reference (the self-test), the harness alone, the reference
-    unshielded."""
+def _spare_stage(probe: ProbeClock, pristine: RunnerProcess, device: torch.device, call: dict[str, Any],
+                 timeout: Callable[[], float]) -> tuple[list[CallReply], int, int]:
+    """The spare's calls of a pass after the device was quiet for QUIET_S: the shielded reference (the self-test),
+    the harness alone, the reference unshielded; with the marks before the quiet interval and after the last call."""
+    torch.cuda.synchronize(device)
+    quiet = probe.mark()
+    time.sleep(QUIET_S)
+    probe.mark()
     targets = ["reference"] + ["harness"] * SPARE_CALLS + ["forward"] * FORWARD_CALLS
-    return [_timed(probe, pristine, seed, target, device, call, timeout)
-            for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True)]
+    replies = [_timed(probe, pristine, seed, target, device, call, timeout)
+               for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True)]
+    return replies, quiet, probe.mark()
 
 
 def _spare_reading(gaps: list[tuple[int, int]], replies: list[CallReply], quiet: int, after: int
