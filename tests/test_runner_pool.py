@@ -100,3 +100,69 @@ def test_close_kills_every_spare(pool):
     spares = list(p.spares)
     p.close()
     assert all(s.killed for s in spares) and not p.spares
+
+
+class BufferedRunner(FakeRunner):
+    """A stand-in given the judge's device buffer at birth where its hint asks for one (runner_client.py)."""
+
+    gives_buffers = True
+
+    def __init__(self, device: str, scratch_root: Path, zygote: object = None, payload_bytes: int = 0) -> None:
+        super().__init__(device, scratch_root, zygote)
+        want = runner_pool.payload.premap_size(payload_bytes)
+        self.device_payload = (type("Buffer", (), {"size": want})()
+                               if want and self.gives_buffers else None)
+
+
+def _device_buffers(monkeypatch, gives: bool = True) -> None:
+    monkeypatch.setattr(runner_pool, "RunnerProcess", BufferedRunner)
+    monkeypatch.setattr(BufferedRunner, "gives_buffers", gives)
+    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device: True)
+
+
+BIG = 6 << 30  # a 6.4 GB-output problem's hint, as level1/19_ReLU's at GPU size
+
+
+def test_a_spare_started_for_another_problem_is_replaced_by_one_with_the_device_buffer(pool, monkeypatch):
+    _device_buffers(monkeypatch)
+    p = pool(1)
+    p.prestart()  # started during an earlier problem's job: no hint, no buffer
+    stale = p.spares[0]
+    p.payload_hint = BIG
+    runner = p.take()
+    assert stale.killed and runner is not stale
+    assert runner.device_payload is not None and runner.device_payload.size == BIG
+    assert len(p.spares) == 1 and p.spares[0].device_payload.size == BIG  # the next job's, started with the hint
+
+
+def test_a_spare_that_fits_is_kept_and_small_outputs_restart_nothing(pool, monkeypatch):
+    _device_buffers(monkeypatch)
+    p = pool(1)
+    p.payload_hint = BIG
+    p.prestart()
+    fitting = p.spares[0]
+    assert p.take() is fitting
+    p.payload_hint = 1 << 10  # crosses the pipe: no buffer wanted
+    small = p.spares[0]
+    assert p.take() is small and not small.killed
+
+
+def test_without_the_device_buffer_wanted_no_spare_is_restarted(pool, monkeypatch):
+    _device_buffers(monkeypatch)
+    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device: False)
+    p = pool(1)
+    p.prestart()
+    stale = p.spares[0]
+    p.payload_hint = BIG
+    assert p.take() is stale
+
+
+def test_a_driver_that_gives_no_buffer_is_tried_once_then_the_memfd_serves(pool, monkeypatch):
+    _device_buffers(monkeypatch, gives=False)
+    p = pool(1)
+    p.prestart()
+    p.payload_hint = BIG
+    first = p.take()
+    assert first.device_payload is None and p.device_buffers_fail
+    nxt = p.spares[0]
+    assert p.take() is nxt  # not restarted again

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kb_gym import sandbox
-from kb_gym.worker import build_cache
+from kb_gym.worker import build_cache, device_payload, payload
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import MessageReader, ProtocolError
 from kb_gym.worker.runner_client import STARTUP_TIMEOUT, RunnerProcess
@@ -126,6 +126,7 @@ class RunnerPool:
         # the output bytes the next spares' memfds are mapped for at their start (payload.PREMAP_MIN_BYTES); the
         # judge sets it per job from its problem's earlier evaluations, 0 where it knows none
         self.payload_hint = 0
+        self.device_buffers_fail = False  # a spare started for the hint got none: the memfd from then on
 
     def _zygote(self) -> Zygote | None:
         if self.zygote_failed:
@@ -164,8 +165,27 @@ class RunnerPool:
         while len(self.spares) < self.depth:
             self.spares.append(self._start())
 
+    def _refit(self) -> None:
+        """The oldest spare replaced where the hint's outputs would cross its memfd though it could have had the
+        judge's device buffer (device_payload.py): a spare is given its buffer at birth only, and it was started
+        during an earlier job, most often of another problem. Out of the device lock, so only the worker's time; in
+        the H200 batch half of a 6.4 GB problem's later evaluations went through the memfd for want of it (0v)."""
+        want = payload.premap_size(self.payload_hint)
+        if not want or want > device_payload.MAX_BYTES or self.device_buffers_fail:
+            return
+        if not device_payload.wanted(self.device):
+            return
+        buffer = getattr(self.spares[0], "device_payload", None)
+        if buffer is not None and buffer.size >= want:
+            return
+        self.spares.pop(0).kill()
+        self.spares.insert(0, self._start())
+        if getattr(self.spares[0], "device_payload", None) is None:
+            self.device_buffers_fail = True  # the driver would not: no more restarts for nothing
+
     def take(self) -> RunnerProcess:
         self.prestart()
+        self._refit()
         runner = self.spares.pop(0)
         try:
             runner.wait_ready()
