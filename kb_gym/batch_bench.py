@@ -250,7 +250,7 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
             stages = " ".join(f"{k} {v:.2f}" for k, v in r.stage_seconds.items() if k != "total")
             print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
                   f"{r.speedup} stages: {stages} shm {r.worker.get('shm_payloads')} "
-                  f"pinned {r.worker.get('payload_pinned')}{_probe_note(r)}"
+                  f"dev {r.worker.get('device_payloads')} pinned {r.worker.get('payload_pinned')}{_probe_note(r)}"
                   + (f" flags {r.flags} error {(r.error or '')[:400]!r}" if surprise else ""), flush=True)
         results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
@@ -303,6 +303,7 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             # where the correctness stage and the outputs' crossings went (correctness.run_trials, runner_client)
             "correctness_seconds": (r.correctness or {}).get("seconds") or {},
             "payload_seconds": r.worker.get("payload_seconds") or {}, "flags": list(r.flags),
+            "shm_payloads": r.worker.get("shm_payloads"), "device_payloads": r.worker.get("device_payloads"),
             "probe": ((r.correctness or {}).get("envelope") or {}).get("probe")}
 
 
