@@ -5,6 +5,12 @@ would otherwise time kernels on one GPU at the same moment. A job holds its GPU'
 stage to its result (loading and compiling run outside it); the lock is a ``flock`` on a file named after the
 physical GPU, so it holds across processes whatever ``CUDA_VISIBLE_DEVICES`` each one sees.
 
+A hold is exclusive or shared (``DeviceHold``). Whatever measures (the timing stage: calibration, the loop, the
+probe check, a reading after the candidate's exit; a baseline-only job) holds it exclusively. Stages that run on the
+device but measure nothing (correctness trials, kernel checks, the candidate's tree dying at teardown) may hold it
+shared where the job says so (``job["share_device"]``): several such stages then overlap one another, never a
+measurement, which waits for every shared holder to leave and holds new ones back while it waits.
+
 Sharing modes (``Evaluator(gpu_sharing=...)``):
     ``"wait"`` (default): Evaluators on one host take turns per job.
     ``"refuse"``: an Evaluator claims its GPUs for its lifetime; a second one on the same GPU is refused at
@@ -40,14 +46,18 @@ def physical_gpu(device: str) -> str:
 
 
 class DeviceLock:
-    """Held by one job at a time: within this process (a thread lock shared by the device's workers) and, on
-    a GPU, across the host (``flock``). ``acquire`` blocks until both are free."""
+    """Held by one measuring job at a time, or shared by stages that measure nothing: within this process (a
+    condition shared by the device's workers, a waiting exclusive hold first) and, on a GPU, across the host
+    (``flock``). ``acquire``/``release``: one exclusive hold (a baseline-only job); ``hold()``: a job's own."""
 
     def __init__(self, device: str, host_wide: bool = True) -> None:
         self.device = device
-        self._threads = threading.Lock()
         self.path = lock_dir() / f"gpu-{physical_gpu(device)}.lock" if host_wide else None
-        self._fd: int | None = None
+        self._turn = threading.Condition()
+        self._shared = 0  # this process's shared holds
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        self._hold: DeviceHold | None = None
         self._quiet_turn = threading.Condition()
         self._loads = self._quiet_waiting = 0
         self._quiet_held = False
@@ -55,25 +65,42 @@ class DeviceLock:
         self._load_fds: list[int] = []
         self._quiet_fd: int | None = None
 
+    def hold(self) -> DeviceHold:
+        return DeviceHold(self)
+
     def acquire(self) -> None:
-        self._threads.acquire()
-        if self.path is not None:
-            try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-            except OSError:
-                self._close()
-                self._threads.release()
-                raise
+        hold = DeviceHold(self)
+        hold.take(exclusive=True)
+        self._hold = hold
 
     def release(self) -> None:
-        self._close()
-        self._threads.release()
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
 
-    def _close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
+    def _enter(self, exclusive: bool) -> None:
+        with self._turn:
+            if exclusive:
+                self._exclusive_waiting += 1
+                try:
+                    while self._exclusive or self._shared:
+                        self._turn.wait()
+                finally:
+                    self._exclusive_waiting -= 1
+                self._exclusive = True
+            else:  # behind a waiting exclusive hold: a measurement is not put off by a stream of shared ones
+                while self._exclusive or self._exclusive_waiting:
+                    self._turn.wait()
+                self._shared += 1
+
+    def _leave(self, exclusive: bool) -> None:
+        with self._turn:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._turn.notify_all()
+
 
     # --- quiet: a baseline-only job times the reference with no candidate loading beside it ----------------
     # Loading runs outside the device lock (so compiling overlaps timing), and a candidate's import is its own
@@ -138,6 +165,46 @@ class DeviceLock:
         with self._quiet_turn:
             self._quiet_held = False
             self._quiet_turn.notify_all()
+
+
+class DeviceHold:
+    """One job's hold on its device: ``take(exclusive=...)`` changes its mode (by leaving, then waiting for the
+    other: two shared holders both asking for it exclusively would otherwise wait for each other for ever), and
+    ``release`` ends it. Across the host a shared hold is ``LOCK_SH`` on the GPU's file and an exclusive one
+    ``LOCK_EX``; a gate file (held exclusively while an exclusive hold waits, and briefly by each shared one on
+    its way in) keeps other processes' shared holds from starving it."""
+
+    def __init__(self, lock: DeviceLock) -> None:
+        self.lock = lock
+        self.mode: str | None = None  # "shared", "exclusive", or None (not held)
+        self._fd: int | None = None
+
+    def take(self, exclusive: bool) -> None:
+        mode = "exclusive" if exclusive else "shared"
+        if self.mode == mode:
+            return
+        self.release()
+        self.lock._enter(exclusive)
+        try:
+            if self.lock.path is not None:
+                gate = _flock(self.lock.path.with_suffix(".gate"), fcntl.LOCK_EX)
+                try:
+                    self._fd = _flock(self.lock.path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                finally:
+                    os.close(gate)
+        except BaseException:
+            self.lock._leave(exclusive)
+            raise
+        self.mode = mode
+
+    def release(self) -> None:
+        if self.mode is None:
+            return
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+        self.lock._leave(self.mode == "exclusive")
+        self.mode = None
 
 
 def _flock(path: Path, how: int, deadline: float | None = None) -> int | None:

@@ -38,6 +38,9 @@ MAX_TEXT_CHARS = 1_000_000
 # After a baseline-only job's wait for quiet was cut, the problem's candidates time their own baseline this long
 # instead of each waiting for a quiet again (a candidate sleeping through its load limit would stall every one)
 UNQUIET_BACKOFF_S = 120.0
+# Outputs up to this size let a problem's correctness stages hold the device shared (Evaluator(shared_stages=True)):
+# beside another such stage they add a few GB of GPU memory at most
+SHARED_STAGE_MAX_BYTES = int(float(os.environ.get("KB_GYM_SHARED_STAGE_MAX_GB", "1")) * (1 << 30))
 
 
 def resolve_devices(devices: str | Sequence[str] = "auto") -> list[str]:
@@ -120,12 +123,15 @@ class Evaluator(EvaluationAPI):
         gpu_sharing: how Evaluators in other processes on this host share a GPU (device_lock.py):
             ``"wait"`` (take turns per job: two never measure on one GPU at once), ``"refuse"`` (claim the
             GPUs for this Evaluator's life; a second claimant gets a clear error), ``"off"``.
+        shared_stages: the stages that measure nothing (correctness, kernel checks, the candidate's tree dying)
+            of problems whose outputs are known to be at most ``SHARED_STAGE_MAX_BYTES`` hold the device shared,
+            overlapping one another but never a timing stage (device_lock.py). None: ``KB_GYM_SHARED_STAGES=1``.
     """
 
     def __init__(self, devices: str | Sequence[str] = "auto", config: EvalConfig | str | None = None, *,
                  results_path: str | os.PathLike | None | bool = None,
                  baseline_cache: BaselineCache | None | bool = None, workers_per_device: int = 1,
-                 gpu_sharing: str = "wait", **overrides: Any) -> None:
+                 gpu_sharing: str = "wait", shared_stages: bool | None = None, **overrides: Any) -> None:
         self.config = resolve_config(config, **overrides)  # a preset's name: "default", "rl" (CONFIG_PRESETS)
         self.devices = resolve_devices(devices)
         if results_path is False:
@@ -143,6 +149,8 @@ class Evaluator(EvaluationAPI):
         if gpu_sharing not in SHARING_MODES:
             raise ValueError(f"gpu_sharing must be one of {SHARING_MODES}, got {gpu_sharing!r}")
         self._claim = GpuClaim(self.devices) if gpu_sharing == "refuse" else None
+        self.shared_stages = (os.environ.get("KB_GYM_SHARED_STAGES", "0") == "1" if shared_stages is None
+                              else bool(shared_stages))
         locks = {}
         for d in self.devices:
             host_wide = d.startswith("cuda") and gpu_sharing == "wait"
@@ -354,6 +362,9 @@ class Evaluator(EvaluationAPI):
         problem_hash = hashlib.sha256(problem.code.encode()).hexdigest()
         with self._lock:
             job["payload_hint"] = self._output_bytes.get(problem.code, 0)
+            # a problem's first evaluation, whose outputs are not yet known, holds the device exclusively throughout:
+            # two large correctness stages side by side could run an honest candidate out of GPU memory
+            job["share_device"] = self.shared_stages and 0 < job["payload_hint"] <= SHARED_STAGE_MAX_BYTES
             job["calibrations"] = [entry for (device, key), entry in self._calibrations.items()
                                    if device == handle.device and key[0] == problem_hash]
         try:

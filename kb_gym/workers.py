@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_gym import sandbox
-from kb_gym.device_lock import DeviceLock
+from kb_gym.device_lock import DeviceHold, DeviceLock
 from kb_gym.host_memory import tree_memory_bytes
 from kb_gym.scratch_disk import tree_disk_usage
 from kb_gym.store import cache_dir
@@ -238,6 +238,7 @@ class WorkerHandle:
         if lock is not None:
             job = {**job, "device_lock": True}
         held_since: list[float] = []
+        hold = lock.hold() if lock is not None else None
         # A baseline-only job is timed with no candidate loading beside it; a candidate's job counts as loading
         # until its device grant (device_lock.py, quiet).
         baseline_only = lock is not None and job.get("source") is None
@@ -246,7 +247,7 @@ class WorkerHandle:
         if loading[0]:
             lock.begin_load()
         try:
-            result = self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since, loading)
+            result = self._run(job, stage_limits, memory_limit_mb, disk_limit_mb, held_since, loading, hold)
             if baseline_only and not quiet:  # timed beside loads that outlasted the wait: not kept (evaluator)
                 result["timed_beside_loads"] = True
             return result
@@ -257,10 +258,12 @@ class WorkerHandle:
                 lock.end_quiet()
             if held_since:
                 self.lock_intervals.append((held_since[0], time.monotonic()))
-                lock.release()
+            if hold is not None:
+                hold.release()
 
     def _run(self, job: dict[str, Any], stage_limits: dict[str, float], memory_limit_mb: float,
-             disk_limit_mb: float, held_since: list[float], loading: list[bool]) -> dict[str, Any]:
+             disk_limit_mb: float, held_since: list[float], loading: list[bool],
+             hold: DeviceHold | None = None) -> dict[str, Any]:
         mark = self.drain.mark()
         stage = "load"
         stage_started = time.monotonic()
@@ -309,11 +312,13 @@ class WorkerHandle:
                 if loading[0]:  # its load is over: a baseline-only job waiting to time may start
                     loading[0] = False
                     self.device_lock.end_load()
-                if self.device_lock is not None and not held_since:
+                if hold is not None:
+                    # exclusive unless the judge asks for a stage that measures nothing (device_lock.py, modes)
                     asked = time.monotonic()
-                    self.device_lock.acquire()  # the wait is not the worker's time: the clock restarts
-                    held_since.append(time.monotonic())
-                    device_wait = held_since[0] - asked
+                    hold.take(exclusive=msg.get("exclusive", True) is not False)
+                    if not held_since:
+                        held_since.append(time.monotonic())
+                    device_wait += time.monotonic() - asked  # the waits are not the worker's time
                 try:
                     write_message(self.proc.stdin.fileno(), {"type": "granted"})
                 except OSError as exc:

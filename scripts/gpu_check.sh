@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
-#   PART: ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
+#   PART: throughput (the batch with the memfd, the device buffer, and shared stages: THROUGHPUT_VARIANTS), ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
 #   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), probewall (the probe check's wall reading on honest candidates, per window), probecost (the fidelity cases without and with the probe check: its cost per evaluation), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
@@ -79,6 +79,18 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                 kb bench --batch --no-kernelbench-way --workers-per-device 2 --out "$OUT/batch-memfd.json" && \
                 KB_GYM_DEVICE_PAYLOAD=1 kb bench --batch --no-kernelbench-way --workers-per-device 2 \
                   --out "$OUT/batch-device.json" ;;
+    # The throughput settings side by side, one call, one machine, builds warmed before each clock: THROUGHPUT_VARIANTS
+    # (default "memfd device shared"): memfd = the defaults; device = outputs through the judge's device buffer
+    # (KB_GYM_DEVICE_PAYLOAD=1); shared = that and correctness/kernel checks holding the device shared
+    # (KB_GYM_SHARED_STAGES=1, device_lock.py). Each batch's rows print its memfd and device-buffer calls.
+    throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
+                  case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
+                             shared) envs="KB_GYM_DEVICE_PAYLOAD=1 KB_GYM_SHARED_STAGES=1";;
+                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared"; return 2;; esac
+                  echo "== throughput variant $v ($envs)"
+                  env $envs python3 -P -m kb_gym.cli bench --batch --no-kernelbench-way --warm-builds \
+                    --workers-per-device 2 ${BATCH_ARGS:-} --out "$OUT/batch-$v.json" || return 1
+                done ;;
     fidelity) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --presets "${FIDELITY_PRESETS:-default}" \
                 --out "$OUT/fidelity.json" ;;
     smoke) python3 -P scripts/gpu_smoke.py ;;

@@ -204,3 +204,150 @@ def test_a_candidate_asleep_in_its_load_does_not_stall_a_problems_first_candidat
         again = ev.evaluate(other, reference_as_candidate(other))  # for a while no wait for quiet is tried again
         assert again.status == "correct" and cache.with_prefix(other.code_hash) == {}
     assert waited < 10.0, waited
+
+
+# --- modes: stages that measure nothing share the device, a measurement holds it alone --------------------------
+
+
+@pytest.mark.parametrize("host_wide", [False, True])
+def test_shared_holds_overlap_and_an_exclusive_one_waits_for_every_one_of_them(host_wide):
+    lock = DeviceLock("cuda:0", host_wide=host_wide)
+    a, b = lock.hold(), lock.hold()
+    a.take(exclusive=False)
+    b.take(exclusive=False)  # at once: two correctness stages side by side
+    got: list[str] = []
+    timing = lock.hold()
+    waiter = threading.Thread(target=lambda: (timing.take(exclusive=True), got.append("timing")))
+    waiter.start()
+    time.sleep(0.2)
+    a.release()
+    time.sleep(0.2)
+    assert got == []  # one shared stage is still on the device
+    b.release()
+    waiter.join(5)
+    assert got == ["timing"]
+    timing.release()
+
+
+@pytest.mark.parametrize("host_wide", [False, True])
+def test_a_waiting_measurement_holds_new_shared_stages_back(host_wide):
+    """A stream of correctness stages never puts a timing stage off: one that asks after it waits behind it."""
+    lock = DeviceLock("cuda:0", host_wide=host_wide)
+    first = lock.hold()
+    first.take(exclusive=False)
+    events: list[str] = []
+
+    def take(name: str, exclusive: bool, hold_for: float) -> None:
+        hold = lock.hold()
+        hold.take(exclusive=exclusive)
+        events.append(name)
+        time.sleep(hold_for)
+        events.append(name + " done")
+        hold.release()
+
+    timing = threading.Thread(target=take, args=("timing", True, 0.2))
+    timing.start()
+    time.sleep(0.2)
+    late = threading.Thread(target=take, args=("late correctness", False, 0.0))
+    late.start()
+    time.sleep(0.2)
+    assert events == []
+    first.release()
+    timing.join(5)
+    late.join(5)
+    assert events == ["timing", "timing done", "late correctness", "late correctness done"]
+
+
+def test_a_hold_changes_mode_and_two_shared_holders_both_asking_to_measure_take_turns():
+    lock = DeviceLock("cuda:0", host_wide=False)
+    a, b = lock.hold(), lock.hold()
+    a.take(exclusive=False)
+    b.take(exclusive=False)
+    order: list[str] = []
+
+    def measure(name: str, hold) -> None:
+        hold.take(exclusive=True)  # leaves its shared hold first: no two holders wait on each other
+        order.append(name)
+        alone.append(lock._shared == 0)
+        time.sleep(0.1)
+        order.append(name + " measured")
+        hold.take(exclusive=False)  # back to shared for its kernel checks (behind the other's waiting measurement)
+        hold.release()
+
+    alone: list[bool] = []
+
+    threads = [threading.Thread(target=measure, args=(n, h)) for n, h in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert not any(t.is_alive() for t in threads) and alone == [True, True]
+    assert order in (["a", "a measured", "b", "b measured"], ["b", "b measured", "a", "a measured"])
+    assert a.mode is None and b.mode is None
+
+
+SHARED_ELSEWHERE = """
+    import time
+    from kb_gym.device_lock import DeviceLock
+    hold = DeviceLock("cuda:0").hold()
+    hold.take(exclusive=False)
+    print("holding", flush=True)
+    time.sleep(1.0)
+    print(time.time(), flush=True)
+    hold.release()
+    time.sleep(5)
+"""
+
+
+def test_another_processs_shared_stage_lets_a_shared_one_in_and_holds_a_measurement_off():
+    other = _holder(SHARED_ELSEWHERE)
+    try:
+        lock = DeviceLock("cuda:0")
+        side = lock.hold()
+        t0 = time.perf_counter()
+        side.take(exclusive=False)
+        assert time.perf_counter() - t0 < 0.5  # beside the other process's correctness stage
+        side.release()
+        lock.acquire()  # a measurement: after the other process's stage
+        got_it = time.time()
+        released = float(other.stdout.readline())
+        lock.release()
+        assert got_it >= released
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_with_shared_stages_no_timing_overlaps_another_jobs_stage_and_verdicts_hold(monkeypatch):
+    """Two workers on one device, ``shared_stages``: a problem's first evaluation (outputs not yet known) holds the
+    device exclusively throughout; later ones hold it shared for correctness and the kernel checks, exclusively for
+    timing, and no hold is ever exclusive beside another."""
+    from kb_gym import EvalConfig, Evaluator, device_lock
+    from kb_gym.problems import load_problems, reference_as_candidate
+
+    takes: list[tuple[int, bool, int, bool]] = []  # (hold, exclusive, other shared holds, another exclusive)
+    real_take = device_lock.DeviceHold.take
+
+    def spy(self, exclusive: bool) -> None:
+        real_take(self, exclusive)
+        lock = self.lock
+        takes.append((id(self), exclusive, lock._shared - (0 if exclusive else 1), lock._exclusive and not exclusive))
+
+    monkeypatch.setattr(device_lock.DeviceHold, "take", spy)
+    problem = load_problems("builtin", size="cpu")[0]
+    cfg = EvalConfig(trials=1, timing_min_reps=3, timing_max_reps=5, timing_warmup=1, integrity="off")
+    with Evaluator("cpu", config=cfg, results_path=False, baseline_cache=False, workers_per_device=2,
+                   shared_stages=True) as ev:
+        first = ev.evaluate(problem, reference_as_candidate(problem))
+        first_takes = list(takes)
+        later = ev.evaluate_many([(problem, reference_as_candidate(problem))] * 4)
+    assert first.status == "correct" and all(r.status == "correct" for r in later), [r.error for r in later]
+    assert [t[1] for t in first_takes] == [True]  # exclusive, once
+    modes: dict[int, list[bool]] = {}
+    for hold, exclusive, _, _ in takes[len(first_takes):]:
+        modes.setdefault(hold, []).append(exclusive)
+    assert sorted(modes.values()) == [[False, True, False]] * 4  # shared, timing alone, shared again
+    assert all(others == 0 for _, exclusive, others, _ in takes if exclusive)  # a measurement is alone
+    assert not any(beside for *_, beside in takes)
+    spans = sorted(tuple(r.worker["timed_at"]) for r in later if r.worker.get("timed_at"))
+    assert len(spans) == 4 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))

@@ -91,10 +91,12 @@ class WorkerContext:
         digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()
         return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
-    def acquire_device(self) -> None:
+    def acquire_device(self, exclusive: bool = True) -> None:
         """Wait until the evaluator grants this judge the device (several judges share it: the
-        stages that run on it, correctness and timing, take turns; loading and compiling do not)."""
-        self.send({"type": "acquire"})
+        stages that run on it, correctness and timing, take turns; loading and compiling do not).
+        ``exclusive=False``: held beside other judges' stages that measure nothing, never beside a measurement
+        (device_lock.py); asked again, the hold changes mode."""
+        self.send({"type": "acquire", "exclusive": exclusive})
         granted = self.receive() if self.receive is not None else None
         if not granted or granted.get("type") != "granted":
             raise StageError("crash", f"expected the device grant from the evaluator, got {granted!r}", restart=True)
@@ -364,8 +366,12 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                     raise
     stages["load"] = time.perf_counter() - t0
 
-    if job.get("device_lock") and (has_candidate or cfg["timing"]):
-        ctx.acquire_device()
+    # Correctness and the kernel checks measure nothing: held shared where the evaluator allows it for this problem
+    # (job["share_device"]), the timing stage exclusively (device_lock.py)
+    locked = bool(job.get("device_lock")) and (has_candidate or cfg["timing"])
+    shared = locked and has_candidate and bool(job.get("share_device"))
+    if locked:
+        ctx.acquire_device(exclusive=not shared)
 
     # --- correctness: fresh secret-seeded inputs per trial ----------------------------------------
     if has_candidate:
@@ -393,6 +399,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
         result.setdefault("status", "correct")
         return
+    if shared:
+        ctx.acquire_device(exclusive=True)
     _stage(ctx, state, "timing")
     t0 = time.perf_counter()
     timed_from = time.time()  # wall clock: the judges of one host compare their timing stages (device_timeline.py)
@@ -413,6 +421,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     finally:  # a timing cut short by a verdict still held the device
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
+    if shared and state.get("after_exit") is None:  # a reading after the exit is a measurement: still exclusive
+        ctx.acquire_device(exclusive=False)
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
 
 
@@ -471,8 +481,6 @@ def _kernel_checks(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mo
         t0 = time.perf_counter()
         check(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state, _deadline(cfg, "correctness"))
         stages[name] = time.perf_counter() - t0
-
-
 
 
 def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any]) -> None:
