@@ -230,6 +230,27 @@ def test_two_workers_build_cuda_side_by_side_and_take_turns_on_the_gpu(relu, tmp
     assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:], strict=False)), intervals
 
 
+def test_shared_stages_overlap_correctness_never_a_timing_and_keep_the_reference_at_1x(tmp_path):
+    """``shared_stages``: two workers' correctness stages and kernel checks share the GPU, their timing stages never
+    overlap anything, and the reference as candidate still times at about 1x (device_lock.py, modes)."""
+    from kb_gym.problems import reference_as_candidate
+
+    problem = get_problem(load_problems("builtin", size="gpu"), name="level1/10_MatmulTransposedB")
+    with Evaluator("cuda:0", results_path=False, baseline_cache=False, workers_per_device=2,
+                   shared_stages=True) as two:
+        two.warm()
+        first = two.evaluate(problem, reference_as_candidate(problem))  # the output size learnt: held alone
+        later = two.evaluate_many([(problem, reference_as_candidate(problem))] * 6)
+    results = [first, *later]
+    assert all(r.status == "correct" for r in results), [r.error for r in results]
+    spans = sorted(tuple(r.worker["timed_at"]) for r in results)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+    speedups = sorted(r.speedup for r in results)
+    print("shared stages: speedups", [round(x, 3) for x in speedups],
+          "device_wait", [round(r.stage_seconds.get("device_wait", 0), 2) for r in results])
+    assert 0.95 <= speedups[len(speedups) // 2] <= 1.05, speedups
+
+
 def test_cuda_compile_error_is_compile_error_with_compiler_message(ev, relu):
     broken = CUDA_RELU.replace("SCALE_VALUE", "1.0f").replace("fmaxf(x[i], 0.0f)", "fmaxf(x[i], undefined_symbol)")
     r = ev.evaluate(relu, broken)
