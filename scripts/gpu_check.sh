@@ -106,7 +106,9 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     probewall) python3 -P scripts/gpu_probe_wall.py --out "$OUT/probe-wall.json" ;;
     # The probe check's cost on one machine: the fidelity cases without it, then with it (FIDELITY_REPEATS, default
     # 2: a problem's first pass and one reusing its spare calls), then the per-evaluation walls side by side.
-    probecost) kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" --out "$OUT/fidelity-probe-off.json" && \
+    # The off run sets KB_GYM_PROBE_CHECK=0 itself: a call that set it for its tests part (session 36) ran both on.
+    probecost) KB_GYM_PROBE_CHECK=0 kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" \
+                 --out "$OUT/fidelity-probe-off.json" && \
                KB_GYM_PROBE_CHECK=1 kb bench --fidelity --repeats "${FIDELITY_REPEATS:-2}" \
                  --out "$OUT/fidelity-probe-on.json" && \
                python3 -P scripts/probe_cost.py "$OUT/fidelity-probe-off.json" "$OUT/fidelity-probe-on.json" ;;

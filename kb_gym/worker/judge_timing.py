@@ -197,7 +197,7 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                           if widen else check,
                           int(state.get("ref_out_bytes", 0)), state.get("byte_limit", 1 << 30), ctx.device.type,
                           call_timeout)
-        if runner is not None and cfg.get("probe_check"):
+        if runner is not None and cfg.get("probe_check") and ctx.device.type == "cuda":  # a GPU's time slices
             spare = LazySpare(ctx, job, deadline, lambda: deadline - time.monotonic())
             began = time.perf_counter()
             call = {"byte_limit": state.get("byte_limit", 1 << 30), "chunk_bytes": state.get("chunk_bytes", 0),
