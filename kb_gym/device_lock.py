@@ -48,7 +48,7 @@ def physical_gpu(device: str) -> str:
 class DeviceLock:
     """Held by one measuring job at a time, or shared by stages that measure nothing: within this process (a
     condition shared by the device's workers, a waiting exclusive hold first) and, on a GPU, across the host
-    (``flock``). ``acquire``/``release``: one exclusive hold (a baseline-only job); ``hold()``: a job's own."""
+    (``flock``). Each job takes its own ``hold()``."""
 
     def __init__(self, device: str, host_wide: bool = True) -> None:
         self.device = device
@@ -57,7 +57,6 @@ class DeviceLock:
         self._shared = 0  # this process's shared holds
         self._exclusive = False
         self._exclusive_waiting = 0
-        self._hold: DeviceHold | None = None
         self._quiet_turn = threading.Condition()
         self._loads = self._quiet_waiting = 0
         self._quiet_held = False
@@ -67,16 +66,6 @@ class DeviceLock:
 
     def hold(self) -> DeviceHold:
         return DeviceHold(self)
-
-    def acquire(self) -> None:
-        hold = DeviceHold(self)
-        hold.take(exclusive=True)
-        self._hold = hold
-
-    def release(self) -> None:
-        hold, self._hold = self._hold, None
-        if hold is not None:
-            hold.release()
 
     def _enter(self, exclusive: bool) -> None:
         with self._turn:

@@ -39,24 +39,24 @@ def test_a_second_process_waits_until_the_first_one_has_measured():
     other = _holder("""
         import time
         from kb_gym.device_lock import DeviceLock
-        lock = DeviceLock("cuda:0")
-        lock.acquire()
+        hold = DeviceLock("cuda:0").hold()
+        hold.take(exclusive=True)
         print("holding", flush=True)
         time.sleep(1.5)
         print(time.time(), flush=True)
-        lock.release()
+        hold.release()
         time.sleep(5)
     """)
-    lock = DeviceLock("cuda:0")
-    lock.acquire()
+    hold = DeviceLock("cuda:0").hold()
+    hold.take(exclusive=True)
     got_it = time.time()
     released = float(other.stdout.readline())
-    lock.release()
+    hold.release()
     other.kill()
     assert got_it >= released  # it waited for the other process's job to end
-    other_gpu = DeviceLock("cuda:1")  # another GPU is not held up by it
+    other_gpu = DeviceLock("cuda:1").hold()  # another GPU is not held up by it
     t0 = time.perf_counter()
-    other_gpu.acquire()
+    other_gpu.take(exclusive=True)
     other_gpu.release()
     assert time.perf_counter() - t0 < 0.5
 
@@ -308,10 +308,11 @@ def test_another_processs_shared_stage_lets_a_shared_one_in_and_holds_a_measurem
         side.take(exclusive=False)
         assert time.perf_counter() - t0 < 0.5  # beside the other process's correctness stage
         side.release()
-        lock.acquire()  # a measurement: after the other process's stage
+        measuring = lock.hold()
+        measuring.take(exclusive=True)  # a measurement: after the other process's stage
         got_it = time.time()
         released = float(other.stdout.readline())
-        lock.release()
+        measuring.release()
         assert got_it >= released
     finally:
         other.kill()

@@ -117,7 +117,7 @@ class BufferedRunner(FakeRunner):
 def _device_buffers(monkeypatch, gives: bool = True) -> None:
     monkeypatch.setattr(runner_pool, "RunnerProcess", BufferedRunner)
     monkeypatch.setattr(BufferedRunner, "gives_buffers", gives)
-    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device: True)
+    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device, nbytes: nbytes > 0)
 
 
 BIG = 6 << 30  # a 6.4 GB-output problem's hint, as level1/19_ReLU's at GPU size
@@ -149,7 +149,7 @@ def test_a_spare_that_fits_is_kept_and_small_outputs_restart_nothing(pool, monke
 
 def test_without_the_device_buffer_wanted_no_spare_is_restarted(pool, monkeypatch):
     _device_buffers(monkeypatch)
-    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device: False)
+    monkeypatch.setattr(runner_pool.device_payload, "wanted", lambda device, nbytes: False)
     p = pool(1)
     p.prestart()
     stale = p.spares[0]

@@ -54,8 +54,10 @@ class DriverError(RuntimeError):
     pass
 
 
-def wanted(device: str) -> bool:
-    return device.startswith("cuda") and os.environ.get("KB_GYM_DEVICE_PAYLOAD", "0") == "1"
+def wanted(device: str, nbytes: int) -> bool:
+    """Whether outputs of ``nbytes`` (0: none expected) cross through a device buffer on ``device``."""
+    return (0 < nbytes <= MAX_BYTES and device.startswith("cuda")
+            and os.environ.get("KB_GYM_DEVICE_PAYLOAD", "0") == "1")
 
 
 def _check(status: int, what: str) -> None:

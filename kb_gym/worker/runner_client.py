@@ -110,7 +110,7 @@ class RunnerProcess:
         expected = payload.premap_size(payload_bytes)
         self.device_payload: device_payload.DeviceBuffer | None = None
         device_fd = None
-        if expected and device_payload.wanted(device) and expected <= device_payload.MAX_BYTES:
+        if device_payload.wanted(device, expected):
             try:
                 self.device_payload, device_fd = device_payload.DeviceBuffer.create(self.torch_device, expected)
             except (device_payload.DriverError, RuntimeError):

@@ -171,16 +171,14 @@ class RunnerPool:
         during an earlier job, most often of another problem. Out of the device lock, so only the worker's time; in
         the H200 batch half of a 6.4 GB problem's later evaluations went through the memfd for want of it (0v)."""
         want = payload.premap_size(self.payload_hint)
-        if not want or want > device_payload.MAX_BYTES or self.device_buffers_fail:
+        if self.device_buffers_fail or not device_payload.wanted(self.device, want):
             return
-        if not device_payload.wanted(self.device):
-            return
-        buffer = getattr(self.spares[0], "device_payload", None)
+        buffer = self.spares[0].device_payload
         if buffer is not None and buffer.size >= want:
             return
         self.spares.pop(0).kill()
         self.spares.insert(0, self._start())
-        if getattr(self.spares[0], "device_payload", None) is None:
+        if self.spares[0].device_payload is None:
             self.device_buffers_fail = True  # the driver would not: no more restarts for nothing
 
     def take(self) -> RunnerProcess:

@@ -181,7 +181,7 @@ def test_the_zygote_hands_a_runner_every_descriptor_its_judge_passed(monkeypatch
     handle = os.memfd_create("r19_device_handle", 0)
     os.write(handle, b"r19 handle")
     expected = f"{os.fstat(handle).st_ino}:{os.fstat(handle).st_size}"
-    monkeypatch.setattr(device_payload, "wanted", lambda device: True)
+    monkeypatch.setattr(device_payload, "wanted", lambda device, nbytes: nbytes > 0)
     monkeypatch.setattr(device_payload.DeviceBuffer, "create",
                         classmethod(lambda cls, dev, nbytes: (_FakeDeviceBuffer(), os.dup(handle))))
     root = Path(tempfile.mkdtemp(prefix="r19_zygote_"))
