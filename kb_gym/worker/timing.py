@@ -58,9 +58,11 @@ CPU_CLOCK_SHARE = 0.25
 # What the harness's share read before the candidate loaded misses of its share after (a runner's state changes with
 # the candidate's import and trials): honest excesses up to 0.16 ms over a ~0.45 ms harness on a 64 x 256 GELU (1 of
 # 12 evaluations over 0.15), and up to 0.33 ms over a 5 ms one on 512 x 1024, on this 2-core host under a second test
-# run's load; 0.465 ms over a 4.46 ms one in a whole-suite run (session 31: 10.4%, so the share is 15% now).
+# run's load; 0.465 ms over a 4.46 ms one in a whole-suite run (session 31: 10.4%, so the share was 15%); on
+# 2026-12-06 an idle run read 0.80 ms over a 5.99 ms one (13.4%) and one honest evaluation was charged 0.925 ms
+# over ~6.2 ms (~15%): 20% now. A CPU liar hides at most a fifth of the harness's share (~1.2 ms here).
 CPU_CLOCK_FLOOR_MS = 0.2
-CPU_CLOCK_HARNESS_SHARE = 0.15
+CPU_CLOCK_HARNESS_SHARE = 0.2
 
 
 def fresh_seed() -> int:
