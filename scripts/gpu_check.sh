@@ -7,7 +7,7 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_GROUP, ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
+#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -54,13 +54,39 @@ ADVERSARIAL_GROUPS=(
   "$A/test_soak.py"
 )
 
+# Several groups at once (ADVERSARIAL_GROUP="3 4 5 6": one pytest each, side by side on the one GPU, each its own log
+# $OUT/adversarial-gN.log): ten groups at ~5 minutes each are more than a session's 30 device minutes one by one.
+# Their Evaluators take turns on the GPU through the host's device lock (gpu_sharing="wait"), so no two timings
+# overlap; what runs beside a timing is another group's loading candidate or starting spare, the neighbour exposure
+# of docs/integrity.md (Open), which a batch with two workers per device has too. A test that fails here is run
+# again alone (ADVERSARIAL_ONLY) before it is read as a verdict.
+adversarial_parallel() {
+  local g pids=() status=0
+  for g in $ADVERSARIAL_GROUP; do
+    if ! [[ "$g" =~ ^[1-9][0-9]?$ ]] || [ "$g" -gt ${#ADVERSARIAL_GROUPS[@]} ]; then
+      echo "ADVERSARIAL_GROUP: numbers 1 to ${#ADVERSARIAL_GROUPS[@]}"; return 2; fi
+  done
+  for g in $ADVERSARIAL_GROUP; do
+    KB_GYM_ADVERSARIAL_DEVICE=cuda:0 timeout -s INT "${ADVERSARIAL_SECONDS:-540}" \
+      python3 -P -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=10 \
+      ${ADVERSARIAL_GROUPS[$((g - 1))]} > "$OUT/adversarial-g$g.log" 2>&1 &
+    pids+=($!)
+  done
+  for g in $ADVERSARIAL_GROUP; do wait "${pids[0]}" || status=1; pids=("${pids[@]:1}")
+    echo "== group $g: $(grep -E '(passed|failed|error)' "$OUT/adversarial-g$g.log" | tail -1)"
+    grep -E "^(FAILED|ERROR) " "$OUT/adversarial-g$g.log" | head -20
+  done
+  return $status
+}
+
 part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status
   case $1 in
     # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
     tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
     # The adversarial suite (CPU in CI) against a GPU judge and GPU runners: ADVERSARIAL_GROUPS (above), or the
     # group ADVERSARIAL_GROUP names; ADVERSARIAL_ONLY (test files or pytest arguments, space-separated) instead.
-    adversarial) if [ -z "${ADVERSARIAL_GROUP:-}" ]; then adv="${ADVERSARIAL_GROUPS[*]}"
+    adversarial) if [[ "${ADVERSARIAL_GROUP:-}" == *" "* ]]; then adversarial_parallel; return; fi
+                 if [ -z "${ADVERSARIAL_GROUP:-}" ]; then adv="${ADVERSARIAL_GROUPS[*]}"
                  elif [[ "$ADVERSARIAL_GROUP" =~ ^[1-9][0-9]?$ ]] && [ "$ADVERSARIAL_GROUP" -le ${#ADVERSARIAL_GROUPS[@]} ]; then
                    adv=${ADVERSARIAL_GROUPS[$((ADVERSARIAL_GROUP - 1))]}
                  else echo "ADVERSARIAL_GROUP: 1 to ${#ADVERSARIAL_GROUPS[@]}"; return 2; fi
