@@ -485,6 +485,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       payload_seconds=_payload_seconds(runner.get("payload_seconds")),
                       # the runner's mapping of its memfd as the job prepared it (before the device lock)
                       payload_premap_s=float(runner.get("payload_premap_s") or 0.0),
+                      # a first evaluation's outputs, from a forward on the meta device (worker/output_size.py)
+                      predicted_output_bytes=int(runner.get("predicted_output_bytes") or 0),
                       digest="device" if runner.get("digest") == "device" else "host",
                       launch_shim=bool(runner.get("launch_shim")),  # own launches counted per launch (launch_shim.py)
                       pch=runner.get("pch") or {"used": [], "wanted": [], "removed": []},

@@ -36,6 +36,7 @@ from kb_gym.worker.judge_timing import (
 )
 from kb_gym.worker.kernel_checks import dataflow_check, knockout_check
 from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.output_size import predicted_output_bytes
 from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.protocol import encode
 from kb_gym.worker.runner_pool import RunnerPool
@@ -76,6 +77,7 @@ class WorkerContext:
         self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
         self.probe_restarts = 0
         self.harness_shares: dict[Any, Any] = {}  # probe_check.SpareReading per problem and path: the lowest share's
+        self.output_bytes: dict[tuple[str, str], int] = {}  # (problem code's hash, dtype): output_size's estimate
 
     def usable_probe(self) -> ProbeClock | None:
         """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
@@ -86,6 +88,14 @@ class WorkerContext:
             self.probe_restarts += 1
             self.probe = start_probe(self.device, self.scratch_root)
         return self.probe
+
+    def predicted_output_bytes(self, problem_code: str, ref_mod: Any, dtype: torch.dtype) -> int:
+        """output_size.predicted_output_bytes, once per problem and precision (0, unknown, is kept too: a forward
+        the meta device cannot run in its budget is not tried again)."""
+        key = (hashlib.sha256(problem_code.encode()).hexdigest(), str(dtype))
+        if key not in self.output_bytes:
+            self.output_bytes[key] = predicted_output_bytes(ref_mod, dtype)
+        return self.output_bytes[key]
 
     def seed(self, job_seed: int, purpose: str, k: int = 0) -> int:
         digest = hmac.new(self.secret, f"{job_seed}:{purpose}:{k}".encode(), hashlib.sha256).digest()
@@ -240,6 +250,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "payload_pinned": bool(runner.payload and runner.payload.pinned_maps),
                                 "payload_seconds": runner.payload_seconds,
                                 "payload_premap_s": runner.premap_seconds,
+                                # the first evaluation's outputs, predicted before the runner was taken (output_size)
+                                "predicted_output_bytes": state.get("predicted_output_bytes"),
                                 "digest": "device" if runner.device_digest else "host",
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
@@ -329,6 +341,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         # memfd for them as it prepares, and the spare started in place of it at its start-up
         hint = job.get("payload_hint")
         hint = hint if isinstance(hint, int) and hint > 0 else 0
+        if not hint:  # a problem's first evaluation: its outputs' size from a forward on the meta device
+            hint = state["predicted_output_bytes"] = ctx.predicted_output_bytes(job["problem_code"], ref_mod, dtype)
         ctx.pool.payload_hint = hint
         runner = ctx.pool.take()
         state["runner"] = runner
