@@ -241,6 +241,7 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
                 f.result()
         trials = ev.config.trials
         sampler = BusySampler()
+        report["started_at"] = time.time()  # the wall clock of the rows' held_at
         t0 = time.perf_counter()
         futures = [ev.submit(p, s) for p, _, s in batch]
         # A line per result as it lands: a run cut by a time limit still leaves what it measured.
@@ -304,7 +305,8 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "correctness_seconds": (r.correctness or {}).get("seconds") or {},
             "payload_seconds": r.worker.get("payload_seconds") or {}, "flags": list(r.flags),
             "shm_payloads": r.worker.get("shm_payloads"), "device_payloads": r.worker.get("device_payloads"),
-            "probe": ((r.correctness or {}).get("envelope") or {}).get("probe")}
+            "probe": ((r.correctness or {}).get("envelope") or {}).get("probe"),
+            "device": r.device, "held_at": r.worker.get("held_at")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

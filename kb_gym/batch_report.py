@@ -41,6 +41,45 @@ def _startup_phases(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     return phases
 
 
+# The stages a job holds its device through (workers.py: from its first grant to its result), summed over a batch
+HELD_STAGES = {"correctness": ("correctness",), "timing": ("timing",), "kernel checks": ("dataflow", "knockout"),
+               "teardown": ("teardown",)}
+
+
+def held_split(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Where the batch's device-held seconds went, summed over its rows; ``rest``: held but in none of them (the
+    grant's message, the result's). None where no row held a device (one worker, no host lock: a CPU batch)."""
+    held = [r for r in rows if r["stages"].get("device_held") is not None]
+    if not held:
+        return None
+    split = {name: sum(sum(r["stages"].get(s, 0.0) for s in stages) for r in held)
+             for name, stages in HELD_STAGES.items()}
+    split["rest"] = sum(r["stages"]["device_held"] for r in held) - sum(split.values())
+    return split
+
+
+def held_coverage(rows: list[dict[str, Any]], started_at: float | None, wall: float) -> float | None:
+    """The share of the batch's wall during which its device was held by some job (the union of the rows'
+    ``held_at`` spans, per device, averaged over devices): near 1, the time is inside the holds and GPU busy
+    rises only with what a hold does; well under 1, more workers per device would hold it more of the time."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("held_at") and started_at is not None:
+            begin, end = max(r["held_at"][0], started_at), min(r["held_at"][1], started_at + wall)
+            if end > begin:
+                spans.setdefault(str(r.get("device")), []).append((begin, end))
+    if not spans or wall <= 0:
+        return None
+    shares = []
+    for intervals in spans.values():
+        covered, reach = 0.0, float("-inf")
+        for begin, end in sorted(intervals):
+            covered += max(0.0, end - max(begin, reach))
+            reach = max(reach, end)
+        shares.append(covered / wall)
+    return sum(shares) / len(shares)
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The figures derived from ``report``'s rows, wall and KernelBench-way rows, added to it."""
     rows, wall = report["rows"], report["wall_s"]
@@ -55,6 +94,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         candidates=len(rows), per_candidate_s=wall / len(rows),
         evaluations_per_gpu_hour=3600 * len(rows) / (wall * devices),
         stage_median_s={k: statistics.median(v) for k, v in stages.items()},
+        # how much of the wall some job held the device, and what the holds did (the GPU-busy target's two halves)
+        held_coverage=(held_coverage(rows, report.get("started_at"), wall) if "parts_merged" not in report
+                       else report.get("held_coverage")),
+        held_split_s=held_split(rows),
         # where a runner's start-up goes (medians over the candidates' runners; what spare_wait waits for)
         runner_startup_median_s={k: statistics.median(v) for k, v in _startup_phases(rows).items()},
         # the correctness stage's parts, summed over the batch (correctness.run_trials)
@@ -98,7 +141,9 @@ def merge_parts(paths: list[str | Path]) -> dict[str, Any]:
               "wall_s": sum(p["wall_s"] for p in parts), "rows": [r for p in parts for r in p["rows"]],
               "cuda_again": [r for p in parts for r in p.get("cuda_again") or []],
               "gpu_busy": (sum(b * w for b, w in busy) / sum(w for _, w in busy)
-                           if all(b is not None for b, _ in busy) else None)}
+                           if all(b is not None for b, _ in busy) else None),
+              "held_coverage": (sum(p["held_coverage"] * p["wall_s"] for p in parts) / sum(p["wall_s"] for p in parts)
+                                if all(p.get("held_coverage") is not None for p in parts) else None)}
     if all(p.get("kernelbench_way") for p in parts):
         merged["kernelbench_way"] = {"wall_s": sum(p["kernelbench_way"]["wall_s"] for p in parts),
                                      "rows": [r for p in parts for r in p["kernelbench_way"]["rows"]]}
@@ -119,6 +164,9 @@ def format_batch(report: dict[str, Any]) -> str:
              f"{f(report['gpu_busy'], '.0%')}, build-cache hits {report['build_cache_hits']} "
              f"({report.get('build_cache_reused', '-')} up to date)",
              "stage medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in report["stage_median_s"].items()),
+             f"device held {f(report.get('held_coverage'), '.0%')} of the wall (the union of the jobs' holds); held "
+             "seconds, summed: " + (", ".join(f"{k} {v:.1f}" for k, v in (report.get("held_split_s") or {}).items())
+                                    or "-"),
              "runner start-up medians (s): " + (", ".join(f"{k} {v:.3f}" for k, v in
                                                       report.get("runner_startup_median_s", {}).items()) or "-"),
              "correctness stage, summed (s): " + (", ".join(f"{k} {v:.1f}" for k, v in

@@ -391,8 +391,9 @@ class Evaluator(EvaluationAPI):
                             hardware=dict(handle.info.get("hardware", {})),
                             worker=_worker_fields(handle, raw.get("runner")))
         result.stage_seconds["queue"] = started - queued
-        if raw.get("timed_at"):
-            result.worker["timed_at"] = raw["timed_at"]
+        for span in ("timed_at", "held_at"):  # the timing stage's, and the device hold's, on the wall clock
+            if raw.get(span):
+                result.worker[span] = raw[span]
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])

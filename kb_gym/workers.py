@@ -330,7 +330,9 @@ class WorkerHandle:
                 if held_since and isinstance(msg.get("stage_seconds"), dict):
                     # Where a shared device's time goes: the wait for it, and how long the job held it.
                     msg["stage_seconds"]["device_wait"] = device_wait
-                    msg["stage_seconds"]["device_held"] = time.monotonic() - held_since[0]
+                    held = msg["stage_seconds"]["device_held"] = time.monotonic() - held_since[0]
+                    now = time.time()  # on the wall clock: a batch's holds laid side by side (batch_report)
+                    msg["held_at"] = [now - held, now]
                 if msg.get("restart"):
                     self.kill()
                 return msg

@@ -9,7 +9,7 @@ import pytest
 
 from kb_gym import load_problems
 from kb_gym.batch_bench import batch_part, build_batch, fingerprint, kernelbench_way, run_batch
-from kb_gym.batch_report import format_batch, merge_parts, summarize
+from kb_gym.batch_report import format_batch, held_coverage, held_split, merge_parts, summarize
 from kb_gym.problems.solutions import solution_backend, solution_files
 
 
@@ -121,3 +121,25 @@ def test_the_kernelbench_way_runs_a_triton_candidate_from_its_file(monkeypatch):
     triton_file = next(f for f in solution_files(device) if f.stem == "1_ReLU" and solution_backend(f) == "triton")
     row = kernelbench_way(relu, triton_file.read_text(), device, trials=1, reps=1)
     assert row["status"] == "correct", row
+
+
+def test_the_device_held_share_is_the_union_of_the_holds_per_device():
+    """Two workers' holds that overlap (shared stages) count once; a hold before the clock is cut at its start; two
+    devices are averaged. The held seconds are split by stage, what no stage covers as ``rest``."""
+    def row(device, begin, end, **stages):
+        return {"device": device, "held_at": [100.0 + begin, 100.0 + end],
+                "stages": {"device_held": end - begin, **stages}}
+
+    rows = [row("cuda:0", -1.0, 2.0, correctness=1.0, timing=1.5), row("cuda:0", 1.0, 4.0, timing=2.0),
+            row("cuda:0", 6.0, 8.0, teardown=0.5), row("cuda:1", 0.0, 5.0, dataflow=0.5, knockout=0.25)]
+    assert held_coverage(rows, 100.0, 10.0) == pytest.approx((0.6 + 0.5) / 2)  # cuda:0 [0, 4] + [6, 8]; cuda:1 [0, 5]
+    assert held_coverage(rows, None, 10.0) is None
+    split = held_split(rows)
+    assert split == pytest.approx({"correctness": 1.0, "timing": 3.5, "kernel checks": 0.75, "teardown": 0.5,
+                                   "rest": 3.0 + 3.0 + 2.0 + 5.0 - 5.75})
+    assert held_split([{"stages": {"load": 1.0}}]) is None  # no hold (one worker, no host lock)
+    report = summarize({"rows": [{**r, "kind": "reference", "status": "correct", "total_s": 1.0,
+                                  "build_cached": False} for r in rows],
+                        "wall_s": 10.0, "started_at": 100.0, "devices": ["cuda:0", "cuda:1"], "problems": 1,
+                        "size": "gpu", "gpu_busy": None})
+    assert report["held_coverage"] == pytest.approx(0.55) and "device held 55% of the wall" in format_batch(report)
