@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kb_gym import Evaluator, EvalConfig, Problem
+from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
 from kb_gym.worker import output_size
 from kb_gym.worker.loading import load_source
