@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kb_gym.worker import burst, probe_check
+from kb_gym.worker import burst, probe_check, wall_check
 from kb_gym.worker.inputs import make_inputs
 from kb_gym.worker.loading import StageError, sticky_cuda_error, trim_traceback
 from kb_gym.worker.runner_client import RunnerProcess
@@ -207,6 +207,11 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
                 lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
                 check, ctx.device, call, call_timeout, ctx.harness_shares,
                 path_key(job, state.get("chunk_bytes", 0), widen))
+            if wall_check.enabled():  # a claim past the probe's time slice, held to unshielded calls' wall time
+                wall_check.confirm(
+                    runner, spare.get, timing,
+                    lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
+                    check, ctx.device, call, call_timeout)
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
             if timing.probe_pending is not None:
                 # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)

@@ -48,7 +48,8 @@ probe could not read counts as void too, so an earlier pass's charge stands. Onl
 no probe on this judge, MPS) skips the check and says so; the envelope then stands alone.
 
 What the probe cannot see: another context cannot be told from the runner's (a neighbour's loading candidate shows
-as the runner's work: docs/integrity.md, Open), and a claim of MAX_CLAIM_MS or more is left to the envelope.
+as the runner's work: docs/integrity.md, Open), and a claim of MAX_CLAIM_MS or more is left to the envelope and, up to
+wall_check.MAX_WALL_CLAIM_MS, to the wall check (wall_check.py: off by default until its first GPU run).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ class ProbeReading:
     after_exit: str = ""
     # the candidate's windows and the spare calls this reading was made from (``settle`` reads them again)
     source: Any = dataclasses.field(default=None, repr=False, compare=False)
+    # "probe": this module's pass; "wall": wall_check.py's, for claims of MAX_CLAIM_MS or more (no GPU reading)
+    mode: str = "probe"
 
     @property
     def counted(self) -> bool:
@@ -153,7 +156,7 @@ class ProbeReading:
         """The least time this reading can vouch for: under FLOOR_MS a false claim hides all of its GPU work (round
         4's 1 us lie on a ~4 us GELU read 4.3x on an H100), so a time below it is credited as FLOOR_MS
         (timing.PairedTiming.resolution_ms); 0 where no pass read the claim."""
-        return FLOOR_MS if self.passes and not self.unverified else 0.0
+        return FLOOR_MS if self.passes and not self.unverified and self.mode == "probe" else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(dataclasses.replace(self, source=None))
@@ -574,7 +577,7 @@ def _checked(replies: list[CallReply], seeds: list[int], reference: Callable[[in
     for j, (seed, reply) in enumerate(zip(seeds, replies, strict=False)):
         why = check(verified(reply.outputs), reference(seed), seed)
         if why:
-            return _Mismatch(f"probe call {j + 1} of {CALLS}, after the timed calls: {why}")
+            return _Mismatch(f"probe call {j + 1} of {len(seeds)}, after the timed calls: {why}")
     return None
 
 

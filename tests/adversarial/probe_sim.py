@@ -13,7 +13,7 @@ import contextlib
 import pytest
 import torch
 
-from kb_gym.worker import probe_check, probe_clock
+from kb_gym.worker import probe_check, probe_clock, wall_check
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock
 from kb_gym.worker.runner_replies import CallReply
@@ -199,6 +199,10 @@ def judge(probe, runner, spare, timing, timeout=lambda: 60.0, shares=None) -> Pa
     probe_check.confirm(probe, runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
                         lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
                         torch.device("cuda"), {}, timeout, shares, "problem")
+    if wall_check.enabled():  # a claim past the probe's limit (judge_timing runs it right after the probe check)
+        wall_check.confirm(runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
+                           lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
+                           torch.device("cuda"), {}, timeout, clock=lambda: probe.device.now)
     runner.device.queued_ms = runner.device.delayed_ms = 0.0
     probe_check.settle(probe, lambda: spare, timing, torch.device("cuda"), {})
     return timing

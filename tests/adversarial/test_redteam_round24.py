@@ -19,7 +19,7 @@ import sys
 import pytest
 from probe_sim import Device, FailingSpare, FakeProbe, FakeRunner, judge, no_gpu_sync, timing_claiming  # noqa: F401
 
-from kb_gym.worker import probe_check, probe_clock
+from kb_gym.worker import probe_check, probe_clock, wall_check
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.timing import Calibration, PairedTiming, Side
@@ -244,17 +244,57 @@ def test_a_neighbours_kernels_do_not_cost_an_honest_sibling_its_credit(where):
     assert t.probe is None or not t.probe.counted, t.probe
 
 
-@pytest.mark.xfail(strict=True, reason="a claim at or over MAX_CLAIM_MS skips the probe; the envelope's calibrated "
-                   "overhead holds the pristine runner's 1 ms shield, which a liar skips: 3.29 ms of GPU claims 2.0")
-def test_a_claim_just_over_the_probes_limit_is_not_worth_a_skipped_shield():
-    dev = Device()
+def _just_over(dev: Device) -> PairedTiming:
     # calibrated overhead 3.0 ms (1 ms of it the shield); the liar skips the shield, its forward takes 3.29 ms: its
     # envelope 2.0 + 3.29 ms against an event time of 2.0 leaves an excess of 0.29 ms under the 0.3 ms floor
     cand = Side(event_ms=[2.0] * 10, envelope_ms=[5.29] * 10)
-    t = PairedTiming(Side(event_ms=[6.0] * 10), cand, 10, 0.1, Calibration(3.0, 0.05), "cuda")
-    probe = FakeProbe(dev)
-    judge(probe, FakeRunner(dev, 3.29, claim=2.0), FakeRunner(dev, 0.5), t)
-    assert t.summary()["runtime_ms"] >= 3.0, (probe.passes, t.summary()["envelope"])
+    return PairedTiming(Side(event_ms=[6.0] * 10), cand, 10, 0.1, Calibration(3.0, 0.05), "cuda")
+
+
+# Fixed in session 37 (worker/wall_check.py, KB_GYM_WALL_CHECK=1; off by default until its first GPU run): a claim of
+# 2 ms or more is held to the wall time of unshielded calls, which have no shield or flush to skip.
+def test_a_claim_just_over_the_probes_limit_is_not_worth_a_skipped_shield(monkeypatch):
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
+    dev = Device()
+    t = _just_over(dev)
+    judge(FakeProbe(dev), FakeRunner(dev, 3.29, claim=2.0), FakeRunner(dev, 0.5), t)
+    assert t.summary()["runtime_ms"] >= 3.0, (t.probe, t.summary()["envelope"])
+    assert t.probe.mode == "wall" and t.probe.by_wall and t.probe.passes == 2, t.probe
+    assert t.probe.resolution_ms == 0.0  # a wall reading raises no time to the probe's floor
+
+
+def test_without_the_wall_check_a_claim_over_the_probes_limit_is_the_envelopes(monkeypatch):
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "0")
+    dev = Device()
+    t = _just_over(dev)
+    judge(FakeProbe(dev), FakeRunner(dev, 3.29, claim=2.0), FakeRunner(dev, 0.5), t)
+    assert t.probe is None and t.summary()["runtime_ms"] == 2.0  # the hole the check closes, where it is off
+
+
+@pytest.mark.parametrize(("forward", "host_ms"), [(2.5, 0.0), (12.0, 0.0), (3.0, 0.3)])
+def test_an_honest_claim_over_the_probes_limit_is_not_charged_by_the_wall(monkeypatch, forward, host_ms):
+    # its unshielded calls span what the spare's reference calls do beyond their forwards, plus its own forward (and
+    # its own host cost, which the reference's calls pay as well)
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
+    dev = Device()
+    t = timing_claiming(forward)
+    judge(FakeProbe(dev), FakeRunner(dev, forward, host_ms=host_ms), FakeRunner(dev, 0.5, host_ms=host_ms), t)
+    assert t.probe is not None and t.probe.mode == "wall" and not t.probe.counted, t.probe
+    assert t.summary()["runtime_ms"] == forward
+
+
+def test_the_wall_check_fails_closed_and_checks_its_outputs(monkeypatch):
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
+    dev = Device()
+    starved = timing_claiming(2.5)  # a spare that cannot run beside the candidate: no pass, no credit
+    judge(FakeProbe(dev), FakeRunner(dev, 2.5), FailingSpare(dev, 0.5), starved)
+    assert starved.probe.unverified and starved.probe.passes == 0, starved.probe
+    wrong = timing_claiming(2.5)  # outputs right in the loop, wrong in the pass: the verdict
+    judge(FakeProbe(dev), FakeRunner(dev, 2.5, wrong=True), FakeRunner(dev, 0.5), wrong)
+    assert wrong.mismatch and "wrong values" in wrong.mismatch
+    beyond = timing_claiming(wall_check.MAX_WALL_CLAIM_MS)  # past its range: the envelope's share bounds a lie
+    judge(FakeProbe(dev), FakeRunner(dev, 30.0, claim=wall_check.MAX_WALL_CLAIM_MS), FakeRunner(dev, 0.5), beyond)
+    assert beyond.probe is None
 
 
 # Fixed in session 29: wait_ready's timeout returns False and leaves the probe running.
