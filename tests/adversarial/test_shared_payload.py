@@ -383,13 +383,15 @@ SEVENTY_TWO_MB = add_one(4, "4_AddOneLarger", 4096, 4608)
 def test_runners_map_their_memfd_for_a_problems_known_output_size_before_the_device_lock(ev):
     """The evaluator records a problem's output bytes; the next evaluations' runners map their memfds for them as
     the job prepares them (before the device lock), and the spares started for them at their start-up (the
-    "payload" phase). The verdicts are those of the first, and a small problem after them uses the pipe."""
+    "payload" phase). The first evaluation's runner maps it as it prepares too, for the size the judge predicted
+    (worker/output_size.py). The verdicts are those of the first, and a small problem after them uses the pipe."""
     untimed = CONFIG.replace(timing=False)
     results = [ev.evaluate(SEVENTY_TWO_MB, reference_as_candidate(SEVENTY_TWO_MB), config=untimed) for _ in range(4)]
     assert all(r.status == "correct" and r.worker["shm_payloads"] >= 1 for r in results), [
         (r.status, r.error) for r in results]
     assert results[0].correctness["output_bytes"] == 4096 * 4608 * 4
-    assert results[0].worker["payload_premap_s"] == 0.0 and results[1].worker["payload_premap_s"] > 0.0
+    assert results[0].worker["predicted_output_bytes"] == results[0].correctness["output_bytes"]
+    assert results[0].worker["payload_premap_s"] > 0.0 and results[1].worker["payload_premap_s"] > 0.0
     phases = [r.worker["runner_startup_phases"] for r in results]
     assert "payload" not in phases[0] and any("payload" in p for p in phases[2:]), phases
     small = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
