@@ -77,7 +77,7 @@ class WorkerContext:
         self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
         self.probe_restarts = 0
         self.harness_shares: dict[Any, Any] = {}  # probe_check.SpareReading per problem and path: the lowest share's
-        self.output_bytes: dict[tuple[str, str], int] = {}  # (problem code's hash, dtype): output_size's estimate
+        self.output_bytes: dict[tuple[str, str], int] = {}  # (problem code, dtype): output_size's estimate
 
     def usable_probe(self) -> ProbeClock | None:
         """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
@@ -92,7 +92,7 @@ class WorkerContext:
     def predicted_output_bytes(self, problem_code: str, ref_mod: Any, dtype: torch.dtype) -> int:
         """output_size.predicted_output_bytes, once per problem and precision (0, unknown, is kept too: a forward
         the meta device cannot run in its budget is not tried again)."""
-        key = (hashlib.sha256(problem_code.encode()).hexdigest(), str(dtype))
+        key = (problem_code, str(dtype))
         if key not in self.output_bytes:
             self.output_bytes[key] = predicted_output_bytes(ref_mod, dtype)
         return self.output_bytes[key]

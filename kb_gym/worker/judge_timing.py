@@ -202,16 +202,13 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             began = time.perf_counter()
             call = {"byte_limit": state.get("byte_limit", 1 << 30), "chunk_bytes": state.get("chunk_bytes", 0),
                     "widen": widen}
-            probe_check.confirm(
-                ctx.usable_probe(), runner, spare.get, timing,
-                lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
-                check, ctx.device, call, call_timeout, ctx.harness_shares,
-                path_key(job, state.get("chunk_bytes", 0), widen))
+            def reference(seed: int) -> Any:
+                return reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen)
+
+            probe_check.confirm(ctx.usable_probe(), runner, spare.get, timing, reference, check, ctx.device, call,
+                                call_timeout, ctx.harness_shares, path_key(job, state.get("chunk_bytes", 0), widen))
             if wall_check.enabled():  # a claim past the probe's time slice, held to unshielded calls' wall time
-                wall_check.confirm(
-                    runner, spare.get, timing,
-                    lambda seed: reference_outputs(ref_model, ref_mod, seed, ctx.device, dtype, runner, widen),
-                    check, ctx.device, call, call_timeout)
+                wall_check.confirm(runner, spare.get, timing, reference, check, ctx.device, call, call_timeout)
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
             if timing.probe_pending is not None:
                 # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)

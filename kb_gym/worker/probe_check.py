@@ -483,7 +483,7 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
             t_cand = time.perf_counter()
             start = _mark(probe)
             for seed in seeds:
-                cand_replies.append(_timed(probe, runner, seed, "candidate", device, call, timeout))
+                cand_replies.append(_timed(lambda: _mark(probe), runner, seed, "candidate", device, call, timeout))
             spent["candidate"] = time.perf_counter() - t_cand
             gaps = probe.stop()
     except PassVoid as exc:
@@ -520,12 +520,12 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
     return reading, measured
 
 
-def _timed(probe: ProbeClock, process: RunnerProcess, seed: int, target: str, device: torch.device,
+def _timed(marks: Callable[[], int | None], process: RunnerProcess, seed: int, target: str, device: torch.device,
            call: dict[str, Any], timeout: Callable[[], float]) -> CallReply:
-    """One probe call: the judge's own context idle inside its window, a mark at each end (None where the probe
-    failed to give one)."""
+    """One call in probe mode (no flush, no shield but the spare's self-test): the judge's own context idle inside
+    its window, ``marks()`` at each end (the probe's, None where it failed to give one; wall_check: the host clock)."""
     torch.cuda.synchronize(device)
-    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=lambda: _mark(probe), **call)
+    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=marks, **call)
 
 
 def _mark(probe: ProbeClock) -> int | None:
@@ -544,7 +544,7 @@ def _spare_stage(probe: ProbeClock, pristine: RunnerProcess, device: torch.devic
     time.sleep(QUIET_S)
     probe.mark()
     targets = ["reference"] + ["harness"] * SPARE_CALLS + ["forward"] * FORWARD_CALLS
-    replies = [_timed(probe, pristine, seed, target, device, call, timeout)
+    replies = [_timed(lambda: _mark(probe), pristine, seed, target, device, call, timeout)
                for seed, target in zip(fresh_seeds(len(targets)), targets, strict=True)]
     return replies, quiet, probe.mark()
 

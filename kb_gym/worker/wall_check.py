@@ -46,6 +46,7 @@ from kb_gym.worker.probe_check import (
     _checked,
     _chosen,
     _Mismatch,
+    _timed,
 )
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
@@ -104,7 +105,7 @@ def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], 
     began = time.perf_counter()
     try:
         with runner.frozen():  # nothing of the candidate's on the host's CPUs while the spare's calls are read
-            forwards = [_call(pristine, seed, "forward", device, call, timeout, clock)
+            forwards = [_timed(clock, pristine, seed, "forward", device, call, timeout)
                         for seed in fresh_seeds(FORWARD_CALLS)]
     except StageError as exc:
         if exc.status == "timeout":  # the stage's time spent: the candidate's timeout, as in the probe check
@@ -112,7 +113,7 @@ def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], 
         return f"the spare failed beside the candidate: {exc.message[:200]}"
     spare_s = time.perf_counter() - began
     seeds = fresh_seeds(CALLS)
-    replies = [_call(runner, seed, "candidate", device, call, timeout, clock) for seed in seeds]
+    replies = [_timed(clock, runner, seed, "candidate", device, call, timeout) for seed in seeds]
     wrong = _checked(replies, seeds, reference, check)
     if wrong:
         return wrong
@@ -130,14 +131,6 @@ def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], 
     reading.by_wall = reading.charged_ms > 0
     reading.seconds = {"spare": round(spare_s, 3), "pass": round(time.perf_counter() - began, 3)}
     return reading
-
-
-def _call(process: RunnerProcess, seed: int, target: str, device: torch.device, call: dict[str, Any],
-          timeout: Callable[[], float], clock: Callable[[], int]) -> CallReply:
-    """A call in probe mode (no flush, no shield), its window on the judge's host clock: from right before the seed
-    goes out to once the outputs are the judge's."""
-    torch.cuda.synchronize(device)
-    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=clock, **call)
 
 
 def _span_ms(reply: CallReply) -> float:

@@ -196,13 +196,17 @@ def timing_claiming(ms: float) -> PairedTiming:
 def judge(probe, runner, spare, timing, timeout=lambda: 60.0, shares=None) -> PairedTiming:
     """The probe check as the judge runs it: its passes, then (the candidate's tree killed: nothing it queued runs
     any more) what was left pending read again (probe_check.settle)."""
-    probe_check.confirm(probe, runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
-                        lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
-                        torch.device("cuda"), {}, timeout, shares, "problem")
+    def reference(seed):
+        return torch.full((4,), float(seed % 1000))
+
+    def check(out, ref, seed):
+        return None if torch.equal(out, ref) else "wrong values"
+
+    probe_check.confirm(probe, runner, lambda: spare, timing, reference, check, torch.device("cuda"), {}, timeout,
+                        shares, "problem")
     if wall_check.enabled():  # a claim past the probe's limit (judge_timing runs it right after the probe check)
-        wall_check.confirm(runner, lambda: spare, timing, lambda seed: torch.full((4,), float(seed % 1000)),
-                           lambda out, ref, seed: None if torch.equal(out, ref) else "wrong values",
-                           torch.device("cuda"), {}, timeout, clock=lambda: probe.device.now)
+        wall_check.confirm(runner, lambda: spare, timing, reference, check, torch.device("cuda"), {}, timeout,
+                           clock=lambda: probe.device.now)
     runner.device.queued_ms = runner.device.delayed_ms = 0.0
     probe_check.settle(probe, lambda: spare, timing, torch.device("cuda"), {})
     return timing
