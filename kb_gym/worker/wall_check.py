@@ -20,6 +20,13 @@ No probe spins here (beside it a forward past a time slice would share the GPU w
 the judge's own context is idle and only the device lock keeps other judges out. Past MAX_WALL_CLAIM_MS the
 shield's millisecond is under 5% of the claim and the envelope's share (3%) bounds a lie; the pass is not run there.
 
+Not yet held (a red-team reading of this module, session 37): GPU work the candidate queues before its freeze runs
+on beside the spare's calls (a CPU stop does not reach the GPU, and no probe watches for it here, as the probe check's
+quiet interval does), so work that lasts through the spare's stage swells the reference idle time, and its spread the
+tolerance, by what lands there: the claim may then hide that much. Closing it needs the device seen quiet before the
+spare's calls (the probe's quiet check, then the probe stopped) or the spare's calls read against the loop's own
+reference events.
+
 Off by default until its first GPU run (``KB_GYM_WALL_CHECK=1``): on the simulated device of round 24 it charges the
 liar and leaves honest claims alone, but honest spans of 2-20 ms forwards have not been measured beside their claims.
 """
