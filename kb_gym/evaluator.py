@@ -25,6 +25,7 @@ from typing import Any
 from kb_gym.baseline_cache import BaselineCache, baseline_key, measured_entry
 from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
+from kb_gym.device_turns import DeviceTurns
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
@@ -168,6 +169,9 @@ class Evaluator(EvaluationAPI):
         # (device, calibration key) -> the newest calibration a judge's pristine spare measured there: passed with the
         # jobs of the same problem to the device's other judges (judge_timing.adopt_calibration)
         self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
+        # jobs side by side on a device, or one alone after one ran out of its memory beside others (device_turns)
+        self._turns = {d: DeviceTurns() for d in self.devices}
+        self._alone_codes: set[str] = set()  # problems whose jobs run alone: they ran out of memory side by side
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Evaluator:
@@ -367,10 +371,7 @@ class Evaluator(EvaluationAPI):
             job["share_device"] = self.shared_stages and 0 < job["payload_hint"] <= SHARED_STAGE_MAX_BYTES
             job["calibrations"] = [entry for (device, key), entry in self._calibrations.items()
                                    if device == handle.device and key[0] == problem_hash]
-        try:
-            raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
-        except WorkerDied as exc:
-            raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
+        raw = self._run_turns(handle, job, problem, limits, cfg)
         self._keep_calibrations(handle.device, raw.pop("calibrations", None))
         output_bytes = (raw.get("correctness") or {}).get("output_bytes")
         if isinstance(output_bytes, int) and output_bytes > 0:
@@ -394,6 +395,9 @@ class Evaluator(EvaluationAPI):
         for span in ("timed_at", "held_at"):  # the timing stage's, and the device hold's, on the wall clock
             if raw.get(span):
                 result.worker[span] = raw[span]
+        for key in ("alone", "retried_alone", "device_oom"):  # device_turns: the device to itself, and why
+            if raw.get(key):
+                result.worker[key] = raw[key]
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])
@@ -411,6 +415,40 @@ class Evaluator(EvaluationAPI):
         if not implicit:
             self._finish(result, log_tail, cfg)
         return result
+
+    def _run_turns(self, handle: WorkerHandle, job: dict, problem: Problem, limits: dict[str, float],
+                   cfg: EvalConfig) -> dict[str, Any]:
+        """The job's raw result, from a turn on the device beside its other jobs, or alone (device_turns.py): where it
+        ran out of the device's memory beside another job it runs once more alone, and the alone run is the verdict.
+        Where the alone run did not run out, the problem's later jobs run alone too."""
+        turns = self._turns[handle.device]
+        with self._lock:
+            alone = problem.code in self._alone_codes
+        raw, overlapped = self._attempt(handle, job, limits, cfg, turns, alone)
+        if alone or not (raw.get("device_oom") and overlapped):
+            return raw
+        first = f"{raw.get('status')}: {str(raw.get('error') or '')[:300]}"
+        with self._lock:
+            self._job_counter += 1
+            job = {**job, "job_id": self._job_counter}
+        raw, _ = self._attempt(handle, job, limits, cfg, turns, True)
+        raw["retried_alone"] = first
+        if not raw.get("device_oom"):  # it was the company: the problem's jobs run alone from now on
+            with self._lock:
+                self._alone_codes.add(problem.code)
+        return raw
+
+    @staticmethod
+    def _attempt(handle: WorkerHandle, job: dict, limits: dict[str, float], cfg: EvalConfig, turns: DeviceTurns,
+                 alone: bool) -> tuple[dict[str, Any], bool]:
+        with turns.turn(alone) as turn:
+            try:
+                raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
+            except WorkerDied as exc:
+                raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
+        if alone:
+            raw["alone"] = True
+        return raw, turn.overlapped
 
     def _unquiet_lately(self, problem: Problem) -> bool:
         """Whether a baseline-only job of this problem was lately cut short of its quiet (loads ran on)."""

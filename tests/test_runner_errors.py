@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kb_gym.worker.runner import out_of_device_memory
+from kb_gym.worker.loading import out_of_device_memory
 
 # What torch 2.11's caching allocator raised for every out-of-memory in a runner on the H200 (session 19): composing
 # its OOM message it starts NVML, which fails in the sandbox.
@@ -15,6 +15,8 @@ MASKED_OOM = ('NVML_SUCCESS == DriverAPI::get()->nvmlInit_v2_() INTERNAL ASSERT 
 def test_the_allocators_masked_oom_counts_as_out_of_memory():
     assert out_of_device_memory(RuntimeError(MASKED_OOM))
     assert out_of_device_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 GiB"))
+    # cuBLAS's workspace, as a judge's own matmul words it when the device is full
+    assert out_of_device_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
 
 
 def test_other_errors_are_not_out_of_memory():

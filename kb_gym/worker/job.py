@@ -35,7 +35,14 @@ from kb_gym.worker.judge_timing import (
     timing_stage,
 )
 from kb_gym.worker.kernel_checks import dataflow_check, knockout_check
-from kb_gym.worker.loading import StageError, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.loading import (
+    OUT_OF_DEVICE_MEMORY,
+    StageError,
+    load_module,
+    out_of_device_memory,
+    sticky_cuda_error,
+    trim_traceback,
+)
 from kb_gym.worker.output_size import predicted_output_bytes
 from kb_gym.worker.probe_clock import ProbeClock
 from kb_gym.worker.protocol import encode
@@ -228,8 +235,10 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             result["failed_stage"] = state.get("stage", "load")
         if exc.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
             result["restart"] = sticky_cuda_error(ctx.device)
+        if exc.status == "runtime_error" and OUT_OF_DEVICE_MEMORY in exc.message:
+            result["device_oom"] = "runner"  # the evaluator runs it again with the device to itself (device_turns)
     except Exception as exc:  # noqa: BLE001 - the judge's own failure: report it, start a fresh judge
-        result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
+        _judge_failed(result, exc)
     finally:
         teardown = time.perf_counter()
         runner = state.pop("runner", None)
@@ -266,7 +275,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             try:
                 after_exit(bool(state.get("runner_gone")))
             except Exception as exc:  # noqa: BLE001 - the judge's own failure, as in the pipeline
-                result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
+                _judge_failed(result, exc)
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -276,6 +285,17 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         result["calibrations"], ctx.measured_calibrations = ctx.measured_calibrations, []
     _bounded(result)
     return result
+
+
+def _judge_failed(result: dict[str, Any], exc: Exception) -> None:
+    """The judge's own failure as the job's verdict (a fresh judge follows). Out of the device's memory, it says so
+    and the evaluator runs the job again with the device to itself (device_turns.py): beside another job's judge and
+    runner, an honest candidate's comparison ran out of an H100's 80 GB (session 38)."""
+    if out_of_device_memory(exc):
+        result.update(status="crash", restart=True, device_oom="judge",
+                      error="the judge ran out of the device's memory: " + trim_traceback(exc, ""))
+    else:
+        result.update(status="crash", error="the judge failed: " + trim_traceback(exc, ""), restart=True)
 
 
 def _bounded(result: dict[str, Any]) -> None:

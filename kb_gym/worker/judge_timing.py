@@ -208,7 +208,8 @@ def timing_stage(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref_mode
             probe_check.confirm(ctx.usable_probe(), runner, spare.get, timing, reference, check, ctx.device, call,
                                 call_timeout, ctx.harness_shares, path_key(job, state.get("chunk_bytes", 0), widen))
             if wall_check.enabled():  # a claim past the probe's time slice, held to unshielded calls' wall time
-                wall_check.confirm(runner, spare.get, timing, reference, check, ctx.device, call, call_timeout)
+                wall_check.confirm(ctx.usable_probe(), runner, spare.get, timing, reference, check, ctx.device, call,
+                                   call_timeout)
             result["stage_seconds"]["probe_check"] = time.perf_counter() - began
             if timing.probe_pending is not None:
                 # the verdict once the candidate's tree is gone and the spare read again (run_job, after the kill)

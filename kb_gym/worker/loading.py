@@ -79,3 +79,19 @@ def sticky_cuda_error(device: torch.device) -> bool:
         return False
     except Exception:  # noqa: BLE001 - any failure here means the context is unusable
         return True
+
+
+OUT_OF_DEVICE_MEMORY = "out of memory on the device"  # how a runner's error names it (runner._send_exception)
+
+
+def out_of_device_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU's memory running out: PyTorch's allocator, or cuBLAS's workspace (a RuntimeError
+    naming CUBLAS_STATUS_ALLOC_FAILED). Inside a runner torch's caching allocator can fail to say so: composing its
+    OOM message it starts NVML, which the sandbox keeps from working, and raises an internal assert on
+    ``nvmlInit_v2_()`` instead (H200, torch 2.11: every OOM of a runner). Called only on that path, the assert means
+    the allocation failed."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("CUDACachingAllocator" in text and "nvmlInit" in text
+                                              or "CUBLAS_STATUS_ALLOC_FAILED" in text)

@@ -129,6 +129,8 @@ class ProbeReading:
     # share; what the medians above come from
     wall_samples_ms: list[float] = dataclasses.field(default_factory=list)
     busy_samples_ms: list[float] = dataclasses.field(default_factory=list)
+    # the spare's reference calls' spans less their forwards' events (wall_check's pass; rounded to 1 us)
+    idle_samples_ms: list[float] = dataclasses.field(default_factory=list)
     passes: int = 1
     spare_age_s: float = 0.0  # how old the spare's calls it was read against were (0: made in this pass)
     charged_ms: float = 0.0  # added to every timed call

@@ -40,7 +40,15 @@ from kb_gym.worker.inputs import DTYPES, clone_inputs, init_inputs_of, init_mode
 from kb_gym.worker.landlock import restrict_writes
 from kb_gym.worker.launch_shim import Shim
 from kb_gym.worker.launches import LaunchCounter
-from kb_gym.worker.loading import StageError, check_signature, load_module, sticky_cuda_error, trim_traceback
+from kb_gym.worker.loading import (
+    OUT_OF_DEVICE_MEMORY,
+    StageError,
+    check_signature,
+    load_module,
+    out_of_device_memory,
+    sticky_cuda_error,
+    trim_traceback,
+)
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
 from kb_gym.worker.process import ENV_GPU, bind_scratch, limit_sysv_ipc, private_shm, set_limits, take_protocol_fds
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
@@ -402,19 +410,8 @@ class Runner:
     def _send_exception(self, exc: BaseException) -> None:
         msg = trim_traceback(exc, self.candidate_file)
         if out_of_device_memory(exc):
-            msg = "out of memory on the device: " + msg
+            msg = f"{OUT_OF_DEVICE_MEMORY}: {msg}"
         self.send({"type": "error", "status": "runtime_error", "error": msg, "sticky": sticky_cuda_error(self.device)})
-
-
-def out_of_device_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is the GPU allocator running out of memory. Inside a runner torch's caching allocator can
-    fail to say so: composing its OOM message it starts NVML, which the sandbox keeps from working, and raises
-    an internal assert on ``nvmlInit_v2_()`` instead (H200, torch 2.11: every OOM of a runner). Called only on
-    that path, the assert means the allocation failed."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and "CUDACachingAllocator" in text and "nvmlInit" in text
 
 
 def _knocked_out(model: Any, counter: LaunchCounter) -> Callable[..., Any]:

@@ -20,12 +20,13 @@ No probe spins here (beside it a forward past a time slice would share the GPU w
 the judge's own context is idle and only the device lock keeps other judges out. Past MAX_WALL_CLAIM_MS the
 shield's millisecond is under 5% of the claim and the envelope's share (3%) bounds a lie; the pass is not run there.
 
-Not yet held (a red-team reading of this module, session 37): GPU work the candidate queues before its freeze runs
-on beside the spare's calls (a CPU stop does not reach the GPU, and no probe watches for it here, as the probe check's
-quiet interval does), so work that lasts through the spare's stage swells the reference idle time, and its spread the
-tolerance, by what lands there: the claim may then hide that much. Closing it needs the device seen quiet before the
-spare's calls (the probe's quiet check, then the probe stopped) or the spare's calls read against the loop's own
-reference events.
+GPU work the candidate queued before its freeze runs on beside the spare's calls (a CPU stop does not reach the
+GPU), and work that lasted through them would swell the reference idle time, and its spread the tolerance, by what
+landed there: the claim could hide that much (a red-team reading of this module, session 37). So, with the tree
+stopped and before the spare's first call, the judge's probe (probe_clock.py) spins for QUIET_S: other contexts'
+work there (more than QUIET_MAX_MS) voids the pass, as the probe check's quiet interval does; the probe stops before
+the spare's calls. Where the judge has no usable probe (MPS, a probe that failed to start) the pass runs without
+that look and says so (``after_exit``: "quiet unread").
 
 Off by default until its first GPU run (``KB_GYM_WALL_CHECK=1``): on the simulated device of round 24 it charges the
 liar and leaves honest claims alone, but honest spans of 2-20 ms forwards have not been measured beside their claims.
@@ -47,6 +48,8 @@ from kb_gym.worker.probe_check import (
     FORWARD_CALLS,
     MAX_CLAIM_MS,
     PASSES,
+    QUIET_MAX_MS,
+    QUIET_S,
     SPREAD_FACTOR,
     WALL_FLOOR_MS,
     ProbeReading,
@@ -55,6 +58,7 @@ from kb_gym.worker.probe_check import (
     _Mismatch,
     _timed,
 )
+from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
 
@@ -67,22 +71,25 @@ def enabled() -> bool:
     return os.environ.get("KB_GYM_WALL_CHECK", "0") == "1"
 
 
-def confirm(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], timing: Any,
+def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], timing: Any,
             reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], device: torch.device,
             call: dict[str, Any], timeout: Callable[[], float],
             clock: Callable[[], int] = time.perf_counter_ns) -> None:
     """Where the loop's claimed median is in [MAX_CLAIM_MS, MAX_WALL_CLAIM_MS) on a GPU, run the passes and record
     what they showed in ``timing.probe`` (``mode="wall"``), or a wrong output in ``timing.mismatch``. The arguments
-    are probe_check.confirm's; ``clock``: the judge's host clock in nanoseconds."""
+    are probe_check.confirm's (``probe``: the judge's usable probe, for the quiet look, or None); ``clock``: the
+    judge's host clock in nanoseconds."""
     if device.type != "cuda" or not timing.cand.event_ms or timing.mismatch or timing.probe is not None:
         return
     claimed = median_of(timing.charged_ms())
     if not MAX_CLAIM_MS <= claimed < MAX_WALL_CLAIM_MS:
         return
+    if probe is not None and not (probe.usable and probe.wait_ready(timeout=min(60.0, max(1.0, timeout() / 4)))):
+        probe = None  # no look for queued work: the passes say so ("quiet unread")
     valid: list[ProbeReading] = []
     voids: list[str] = []
     for _ in range(ATTEMPTS):
-        outcome = _one_pass(runner, spare, claimed, reference, check, device, call, timeout, clock)
+        outcome = _one_pass(probe, runner, spare, claimed, reference, check, device, call, timeout, clock)
         if isinstance(outcome, _Mismatch):
             timing.mismatch = str(outcome)
             return
@@ -101,9 +108,9 @@ def confirm(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], ti
     timing.probe = chosen
 
 
-def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], claimed: float,
-              reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None], device: torch.device,
-              call: dict[str, Any], timeout: Callable[[], float], clock: Callable[[], int]
+def _one_pass(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[], RunnerProcess | None],
+              claimed: float, reference: Callable[[int], Any], check: Callable[[Any, Any, int], str | None],
+              device: torch.device, call: dict[str, Any], timeout: Callable[[], float], clock: Callable[[], int]
               ) -> ProbeReading | _Mismatch | str:
     """One pass: a reading, a wrong output, or why the pass is void."""
     pristine = spare()
@@ -112,6 +119,9 @@ def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], 
     began = time.perf_counter()
     try:
         with runner.frozen():  # nothing of the candidate's on the host's CPUs while the spare's calls are read
+            stray = _quiet(probe, device)
+            if stray:
+                return stray
             forwards = [_timed(clock, pristine, seed, "forward", device, call, timeout)
                         for seed in fresh_seeds(FORWARD_CALLS)]
     except StageError as exc:
@@ -133,11 +143,33 @@ def _one_pass(runner: RunnerProcess, spare: Callable[[], RunnerProcess | None], 
     tolerance = max(WALL_FLOOR_MS, SHARE * claimed, SPREAD_FACTOR * median_of([abs(x - idle) for x in idles]))
     reading = ProbeReading(len(replies), claimed, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, wall, tolerance, mode="wall")
     reading.reference_idle_ms = idle
+    reading.idle_samples_ms = [round(x, 3) for x in idles]
+    reading.after_exit = "" if probe is not None else "quiet unread"
     reading.wall_samples_ms = [round(x, 3) for x in walls]
     reading.charged_ms = wall - claimed if wall - claimed > tolerance else 0.0
     reading.by_wall = reading.charged_ms > 0
     reading.seconds = {"spare": round(spare_s, 3), "pass": round(time.perf_counter() - began, 3)}
     return reading
+
+
+def _quiet(probe: ProbeClock | None, device: torch.device) -> str:
+    """With the candidate's tree stopped: why the pass is void where other contexts' GPU work ran for more than
+    QUIET_MAX_MS in QUIET_S of the probe's spinning (work queued before the freeze, still running), else ""."""
+    if probe is None:
+        return ""
+    try:
+        torch.cuda.synchronize(device)
+        with probe.spinning():
+            start = probe.mark()
+            time.sleep(QUIET_S)
+            end = probe.mark()
+            gaps = probe.stop()
+    except (ProbeError, PassVoid) as exc:
+        return f"the probe could not look for the candidate's queued work: {exc}"
+    busy = busy_in(gaps, start, end)[0]
+    if busy > QUIET_MAX_MS:
+        return f"GPU work ran while the candidate was stopped, before the spare's calls ({busy:.3f} ms)"
+    return ""
 
 
 def _span_ms(reply: CallReply) -> float:

@@ -33,6 +33,9 @@ class Device:
         self.queued_ms = 0.0  # work a stopped runner left queued: it runs once the probe has read the clock
         self.delayed_ms = 0.0  # a stopped runner's work queued behind copy-engine copies: it reaches the SMs later
         self.neighbour_ms = 0.0  # another judge's loading runner: this much GPU work right after every mark
+        # work a stopped runner left running on (time-slicing beside what comes next): one piece lands in each
+        # window opened by a probe's mark or a read of the judge's host clock (the wall check's), in turn
+        self.lingering: list[float] = []
 
     def _gap(self, start: int, end: int) -> None:
         if self.spinning and (self.until is None or start < self.until):
@@ -45,6 +48,16 @@ class Device:
             start = self.now
             self.now += int(ms * 1e6) + SWITCH_NS
             self._gap(start, self.now)
+
+    def linger(self) -> None:
+        if self.lingering:
+            self.busy([self.lingering.pop(0)], idle_ns=0)
+
+    def wall_clock(self) -> int:
+        """The judge's host clock (the wall check's marks): now, with a piece of lingering work landing after it."""
+        now = self.now
+        self.linger()
+        return now
 
     def host(self, ms: float) -> None:
         """Time that is no SM work of any context: the CPU, a pipe, a copy engine's transfer."""
@@ -88,6 +101,7 @@ class FakeProbe:
             self.device.queued_ms = 0.0
         if self.device.neighbour_ms:
             self.device.busy([self.device.neighbour_ms], idle_ns=0)
+        self.device.linger()
         return now
 
     def start(self) -> None:
@@ -112,14 +126,15 @@ class FakeRunner:
     """A runner whose probe calls take ``harness`` ms of GPU work around a forward of ``forward`` ms (in ``pieces``
     kernels reaching the GPU one by one, or behind a 1 ms shield for the shielded reference) after ``host_ms`` of its
     own host time, reporting ``claim`` ms.
-    ``queued``: GPU work (ms) it leaves queued at each freeze, in turn."""
+    ``queued``: GPU work (ms) it leaves queued at each freeze, in turn; ``lingers``: pieces of work it leaves
+    running at each freeze (Device.lingering)."""
 
     def __init__(self, device: Device, forward: float, claim: float | None = None, pieces: int = 1,
                  harness: float = 0.05, queued: tuple[float, ...] = (), wrong: bool = False,
-                 host_ms: float = 0.0) -> None:
+                 host_ms: float = 0.0, lingers: tuple[float, ...] = ()) -> None:
         self.device, self.forward, self.claim, self.pieces = device, forward, claim, pieces
         self.host_ms = host_ms  # the forward's own host cost (module call, launches, synchronisation): no SM work
-        self.harness, self.queued, self.wrong = harness, queued, wrong
+        self.harness, self.queued, self.wrong, self.lingers = harness, queued, wrong, lingers
         self.frozen_count = 0
         self.calls = 0
 
@@ -128,6 +143,7 @@ class FakeRunner:
         self.frozen_count += 1
         if self.queued:
             self.device.queued_ms = self.queued[min(self.frozen_count, len(self.queued)) - 1]
+        self.device.lingering = list(self.lingers)
         yield True
 
     def reference_span(self) -> tuple[float, float]:
@@ -205,9 +221,10 @@ def judge(probe, runner, spare, timing, timeout=lambda: 60.0, shares=None) -> Pa
     probe_check.confirm(probe, runner, lambda: spare, timing, reference, check, torch.device("cuda"), {}, timeout,
                         shares, "problem")
     if wall_check.enabled():  # a claim past the probe's limit (judge_timing runs it right after the probe check)
-        wall_check.confirm(runner, lambda: spare, timing, reference, check, torch.device("cuda"), {}, timeout,
-                           clock=lambda: probe.device.now)
+        wall_check.confirm(probe, runner, lambda: spare, timing, reference, check, torch.device("cuda"), {}, timeout,
+                           clock=runner.device.wall_clock)
     runner.device.queued_ms = runner.device.delayed_ms = 0.0
+    runner.device.lingering = []
     probe_check.settle(probe, lambda: spare, timing, torch.device("cuda"), {})
     return timing
 

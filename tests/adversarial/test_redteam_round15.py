@@ -33,7 +33,7 @@ below, stays a token).
 from __future__ import annotations
 
 import pytest
-from device import DEVICE
+from device import DEVICE, ON_GPU
 from test_redteam_round13 import CHECK, HEAD, SCALE
 
 from kb_gym import Evaluator, Problem
@@ -697,11 +697,16 @@ def test_an_honest_kernel_keeps_its_credit(ev, problem, source):
         r.flags, r.correctness.get("dataflow"))
 
 
-@pytest.mark.xfail(strict=True, reason="open: moves across shapes, taint per storage, numpy")
+def _open(reason: str, unless: bool = False) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(not unless, strict=True, reason=f"open: {reason}")
+
+
 @pytest.mark.parametrize(("problem", "source"), [
-    (SCALE, B01b), (SCALE, B04b), (SCALE, B10b), (SCALE, B06)
-], ids=[
-    "concat_kernel_indexes", "crop_kernel_indexes", "disjoint_region_same_storage", "numpy_computes"
+    pytest.param(SCALE, B01b, id="concat_kernel_indexes", marks=_open("moves across shapes")),
+    pytest.param(SCALE, B04b, id="crop_kernel_indexes", marks=_open("moves across shapes")),
+    pytest.param(SCALE, B10b, id="disjoint_region_same_storage", marks=_open("taint per storage")),
+    # on a GPU the answer's trip through the host is a device copy the trace sees (held there: H100, session 38)
+    pytest.param(SCALE, B06, id="numpy_computes", marks=_open("numpy computes on the host", unless=ON_GPU)),
 ])
 def test_open_pytorchs_answer_moved_past_the_trace_is_a_token(ev, problem, source):
     r = ev.evaluate(problem, source, config=CHECK)

@@ -283,6 +283,36 @@ def test_an_honest_claim_over_the_probes_limit_is_not_charged_by_the_wall(monkey
     assert t.summary()["runtime_ms"] == forward
 
 
+# Found reading wall_check.py as an attacker (session 37), held in session 38: work queued before the freeze runs on
+# beside the spare's reference calls, swelling their idle time (here 1.5 ms in each window) and with it what a claim may
+# hide. The probe spins for QUIET_S with the tree stopped, before the spare's calls: work there voids the pass.
+LINGERING = (1.5,) * 8
+
+
+def test_work_left_running_at_the_freeze_cannot_swell_the_walls_reference(monkeypatch):
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
+    dev = Device()
+    t = _just_over(dev)
+    judge(FakeProbe(dev), FakeRunner(dev, 3.29, claim=2.0, lingers=LINGERING), FakeRunner(dev, 0.5), t)
+    assert t.probe.mode == "wall" and t.probe.unverified and t.probe.passes == 0, t.probe
+    assert "while the candidate was stopped" in t.probe.unverified, t.probe.unverified
+    honest = timing_claiming(3.29)  # nothing left running: the look costs an honest claim nothing
+    judge(FakeProbe(dev), FakeRunner(dev, 3.29), FakeRunner(dev, 0.5), honest)
+    assert not honest.probe.counted and honest.probe.after_exit == "", honest.probe
+
+
+@pytest.mark.xfail(strict=True, reason="open: with no usable probe (MPS) nothing looks for work left running")
+def test_without_a_probe_work_left_running_cannot_swell_the_walls_reference(monkeypatch):
+    monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
+    dev = Device()
+    t = _just_over(dev)
+    blind = FakeProbe(dev)
+    blind.note = "MPS: contexts run at once"
+    judge(blind, FakeRunner(dev, 3.29, claim=2.0, lingers=LINGERING), FakeRunner(dev, 0.5), t)
+    assert t.probe.after_exit == "quiet unread", t.probe
+    assert t.summary()["runtime_ms"] >= 3.0 or t.probe.unverified, t.probe
+
+
 def test_the_wall_check_fails_closed_and_checks_its_outputs(monkeypatch):
     monkeypatch.setenv("KB_GYM_WALL_CHECK", "1")
     dev = Device()

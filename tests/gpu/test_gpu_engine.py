@@ -281,7 +281,7 @@ def test_hanging_kernel_times_out_and_next_evaluation_works(ev, relu):
 def test_device_oom_is_runtime_error_and_recovers(ev, relu):
     # More than the GPU holds, at once or 8 GiB at a time. torch 2.11's caching allocator in a runner raises an
     # internal assert on nvmlInit (CUDACachingAllocator.cpp:1135) instead of its OOM error (H200, 2026-12-02 and
-    # -03: NVML fails in the sandbox); the runner names it (runner.out_of_device_memory), as the audit's retry of
+    # -03: NVML fails in the sandbox); the runner names it (loading.out_of_device_memory), as the audit's retry of
     # out-of-memory rows and the policy's feedback need.
     for sizes in ("[1 << 40]", "[8 << 30] * 32"):
         r = ev.evaluate(relu, OOM.replace("SIZES", sizes))

@@ -1,0 +1,130 @@
+"""A job that ran out of the device's memory beside another job runs again with the device to itself
+(kb_gym/device_turns.py): on an H100 two judges' comparisons of 6-7 GB outputs ran out of its 80 GB side by side and an
+honest reference copy got ``crash`` (session 38). Here the judge's own out-of-memory is a reference whose forward
+raises PyTorch's OutOfMemoryError, on the CPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kb_gym import EvalConfig, Evaluator, Problem
+from kb_gym.device_turns import DeviceTurns
+
+CONFIG = EvalConfig(trials=2, timing_min_reps=3, timing_max_reps=5, timing_warmup=1)
+
+CANDIDATE = """import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+"""
+
+
+def _problem(claim_file: str, always: bool, name: str) -> Problem:
+    """A reference whose forwards on real data run out of memory in the first job that loads it (the one that creates
+    ``claim_file``), or in every job (``always``), as a judge's comparison did beside another job's."""
+    return Problem(id=1, name=name, level=1, code=f'''import os
+import torch
+try:
+    os.close(os.open({claim_file!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    OOM = True
+except FileExistsError:
+    OOM = {always!r}
+class Model(torch.nn.Module):
+    def forward(self, x):
+        if OOM and x.device.type != "meta":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (beside another job)")
+        return x * 2
+def get_inputs():
+    return [torch.randn(64, 64)]
+def get_init_inputs():
+    return []
+''')
+
+
+def test_a_turn_alone_waits_for_the_running_jobs_and_keeps_new_ones_out():
+    turns = DeviceTurns()
+    events: list[str] = []
+    first_in, release_first = threading.Event(), threading.Event()
+
+    def shared(name: str, hold: threading.Event | None = None) -> None:
+        with turns.shared() as turn:
+            events.append(f"{name} in")
+            if hold is not None:
+                first_in.set()
+                hold.wait(5)
+            events.append(f"{name} out")
+        events.append(f"{name} overlapped={turn.overlapped}")
+
+    def alone() -> None:
+        with turns.alone() as turn:
+            events.append("alone in")
+            time.sleep(0.05)
+            events.append("alone out")
+        assert not turn.overlapped
+
+    a = threading.Thread(target=shared, args=("a", release_first))
+    a.start()
+    first_in.wait(5)
+    b = threading.Thread(target=alone)
+    b.start()
+    time.sleep(0.1)  # the alone turn is waiting for a: a later shared job waits behind it
+    c = threading.Thread(target=shared, args=("c",))
+    c.start()
+    time.sleep(0.1)
+    assert events == ["a in"], events
+    release_first.set()
+    for t in (a, b, c):
+        t.join(5)
+    assert events.index("alone in") > events.index("a out")
+    assert events.index("c in") > events.index("alone out")
+    assert "a overlapped=False" in events and "c overlapped=False" in events
+
+
+def test_shared_turns_that_meet_are_both_marked_overlapped():
+    turns = DeviceTurns()
+    with turns.shared() as one, turns.shared() as two:
+        pass
+    with turns.shared() as three:
+        pass
+    assert one.overlapped and two.overlapped and not three.overlapped
+
+
+@pytest.fixture(scope="module")
+def ev():
+    with Evaluator("cpu", workers_per_device=2, results_path=False, baseline_cache=False) as e:
+        yield e
+
+
+def test_out_of_memory_beside_another_job_is_run_again_alone(ev, tmp_path):
+    problem = _problem(str(tmp_path / "claim"), False, "1_OOM_beside_another")
+    first, second = ev.submit(problem, CANDIDATE, config=CONFIG), ev.submit(problem, CANDIDATE, config=CONFIG)
+    results = [first.result(timeout=300), second.result(timeout=300)]
+    assert [r.status for r in results] == ["correct", "correct"], [(r.status, r.error) for r in results]
+    retried = [r for r in results if r.worker.get("retried_alone")]
+    assert len(retried) == 1, [r.worker for r in results]
+    assert "ran out of the device's memory" in retried[0].worker["retried_alone"]
+    assert retried[0].worker.get("alone") is True
+    later = ev.evaluate(problem, CANDIDATE, config=CONFIG)  # the problem's jobs now run alone
+    assert later.status == "correct" and later.worker.get("alone") is True, (later.status, later.worker)
+
+
+def test_out_of_memory_alone_is_the_verdict_and_leaves_the_problem_shared(ev, tmp_path):
+    problem = _problem(str(tmp_path / "claim"), True, "1_OOM_always")
+    first, second = ev.submit(problem, CANDIDATE, config=CONFIG), ev.submit(problem, CANDIDATE, config=CONFIG)
+    results = [first.result(timeout=300), second.result(timeout=300)]
+    assert [r.status for r in results] == ["crash", "crash"], [(r.status, r.error) for r in results]
+    assert all("ran out of the device's memory" in r.error for r in results), [r.error for r in results]
+    assert any(r.worker.get("retried_alone") for r in results), [r.worker for r in results]
+    later = ev.evaluate(problem, CANDIDATE, config=CONFIG)  # alone it ran out too: no reason to keep it alone
+    assert later.status == "crash" and not later.worker.get("alone"), (later.status, later.worker)
+
+
+def test_one_worker_per_device_does_not_retry(tmp_path):
+    problem = _problem(str(tmp_path / "claim"), False, "1_OOM_one_worker")
+    with Evaluator("cpu", results_path=False, baseline_cache=False) as ev:
+        r = ev.evaluate(problem, CANDIDATE, config=CONFIG)
+    assert r.status == "crash" and "ran out of the device's memory" in r.error, (r.status, r.error)
+    assert not r.worker.get("retried_alone"), r.worker
