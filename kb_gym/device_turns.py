@@ -8,6 +8,9 @@ not in an H100's 80 GB: there the judges' comparisons and the runners' forwards 
 (session 38: 7 of 64 candidates of the batch, reference copies among them, ``crash``). A job that ran out of the
 device's memory is therefore run once more with the device to itself (``DeviceTurns.alone``), and its problem's later
 jobs too; what that run gives is the verdict: run alone, a candidate that exhausts the memory has done so itself.
+Alone means the device's other workers stopped too (``Evaluator._evict_others``; each starts again with its next job):
+idle, they still held ~37 GB of the H100 (CUDA contexts, spares, the probe, the device buffers of
+``KB_GYM_DEVICE_PAYLOAD=1``), and a retried 23_Softmax ran out beside them.
 
 The turns are this Evaluator's: another Evaluator on the host shares the device through the host-wide device lock,
 which serialises stages, not memory.

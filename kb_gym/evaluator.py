@@ -158,6 +158,8 @@ class Evaluator(EvaluationAPI):
             if host_wide or workers_per_device > 1:
                 locks[d] = DeviceLock(d, host_wide=host_wide)
         self._workers = [WorkerHandle(d, locks.get(d)) for d in self.devices for _ in range(workers_per_device)]
+        # held by a worker's thread while it uses the worker's process, and by an alone turn stopping it (device_turns)
+        self._using = {handle: threading.Lock() for handle in self._workers}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._unquiet: dict[str, float] = {}  # problem code hash -> when its baseline-only job's quiet was cut
@@ -395,7 +397,7 @@ class Evaluator(EvaluationAPI):
         for span in ("timed_at", "held_at"):  # the timing stage's, and the device hold's, on the wall clock
             if raw.get(span):
                 result.worker[span] = raw[span]
-        for key in ("alone", "retried_alone", "device_oom"):  # device_turns: the device to itself, and why
+        for key in ("alone", "evicted", "retried_alone", "device_oom"):  # device_turns: the device to itself, and why
             if raw.get(key):
                 result.worker[key] = raw[key]
         result.stage_seconds["total"] = time.perf_counter() - queued
@@ -438,17 +440,33 @@ class Evaluator(EvaluationAPI):
                 self._alone_codes.add(problem.code)
         return raw
 
-    @staticmethod
-    def _attempt(handle: WorkerHandle, job: dict, limits: dict[str, float], cfg: EvalConfig, turns: DeviceTurns,
-                 alone: bool) -> tuple[dict[str, Any], bool]:
+    def _attempt(self, handle: WorkerHandle, job: dict, limits: dict[str, float], cfg: EvalConfig,
+                 turns: DeviceTurns, alone: bool) -> tuple[dict[str, Any], bool]:
         with turns.turn(alone) as turn:
+            evicted = self._evict_others(handle) if alone else 0
             try:
-                raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
+                with self._using[handle]:
+                    raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
             except WorkerDied as exc:
                 raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
         if alone:
             raw["alone"] = True
+            raw["evicted"] = evicted
         return raw, turn.overlapped
+
+    def _evict_others(self, handle: WorkerHandle) -> int:
+        """Stop the device's other workers (idle: the turn is alone), so that what they hold on the device between
+        jobs (their CUDA contexts, spares, probe, device buffers: ~37 GB of an H100's 80 beside an alone job,
+        session 38) is free for this one; each starts again with its next job. Returns how many were stopped."""
+        stopped = 0
+        for other in self._workers:
+            if other is handle or other.device != handle.device:
+                continue
+            with self._using[other]:  # not while its thread starts it for a job's baseline key (_reuses_baselines)
+                if other.alive:
+                    other.shutdown()
+                    stopped += 1
+        return stopped
 
     def _unquiet_lately(self, problem: Problem) -> bool:
         """Whether a baseline-only job of this problem was lately cut short of its quiet (loads ran on)."""
@@ -460,7 +478,8 @@ class Evaluator(EvaluationAPI):
         if not (cfg.reuse_cached_baseline and self.baselines is not None):
             return False
         try:
-            handle.ensure_started()  # its hardware fingerprint keys the cache
+            with self._using[handle]:
+                handle.ensure_started()  # its hardware fingerprint keys the cache
         except WorkerDied:
             return False  # the job's own run reports it
         return bool(handle.info.get("hardware", {}).get("hash"))

@@ -107,6 +107,7 @@ def test_out_of_memory_beside_another_job_is_run_again_alone(ev, tmp_path):
     assert len(retried) == 1, [r.worker for r in results]
     assert "ran out of the device's memory" in retried[0].worker["retried_alone"]
     assert retried[0].worker.get("alone") is True
+    assert retried[0].worker.get("evicted") == 1  # the device's other worker stopped for it: what it held is free
     later = ev.evaluate(problem, CANDIDATE, config=CONFIG)  # the problem's jobs now run alone
     assert later.status == "correct" and later.worker.get("alone") is True, (later.status, later.worker)
 
