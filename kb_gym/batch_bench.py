@@ -252,6 +252,9 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
             print(f"[{n}/{len(batch)} {time.perf_counter() - t0:.1f}s] {p.key} {kind}: {r.status} speedup "
                   f"{r.speedup} stages: {stages} shm {r.worker.get('shm_payloads')} "
                   f"dev {r.worker.get('device_payloads')} pinned {r.worker.get('payload_pinned')}{_probe_note(r)}"
+                  + (f" alone (stopped {r.worker.get('evicted', 0)}"
+                     + (", after running out of memory beside another job)" if r.worker.get("retried_alone") else ")")
+                     if r.worker.get("alone") else "")
                   + (f" flags {r.flags} error {(r.error or '')[:400]!r}" if surprise else ""), flush=True)
         results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
@@ -306,7 +309,10 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "payload_seconds": r.worker.get("payload_seconds") or {}, "flags": list(r.flags),
             "shm_payloads": r.worker.get("shm_payloads"), "device_payloads": r.worker.get("device_payloads"),
             "probe": ((r.correctness or {}).get("envelope") or {}).get("probe"),
-            "device": r.device, "held_at": r.worker.get("held_at")}
+            "device": r.device, "held_at": r.worker.get("held_at"),
+            # device_turns: run with the device to itself (and why), the device's other workers it stopped
+            "alone": bool(r.worker.get("alone")), "retried_alone": r.worker.get("retried_alone"),
+            "evicted": r.worker.get("evicted", 0)}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

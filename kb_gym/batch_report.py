@@ -105,6 +105,11 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         # each memfd payload's parts, summed over the batch (runner_client: runner copy, judge map, copy out)
         payload_total_s=_sums([{k: sum(v) for k, v in (r.get("payload_seconds") or {}).items()} for r in rows]),
         statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
+        # jobs run with the device to themselves (device_turns): after running out of memory beside another job,
+        # or as a later job of such a problem; and the other workers stopped for them
+        turns={"alone": sum(bool(r.get("alone")) for r in rows),
+               "retried_alone": sum(bool(r.get("retried_alone")) for r in rows),
+               "evicted": sum(int(r.get("evicted") or 0) for r in rows)},
         build_cache_hits=sum(r["build_cached"] for r in rows),
         # hits whose build the runner found up to date; the rest were built again all the same
         build_cache_reused=sum(r.get("build_reused") is True for r in rows),
@@ -173,6 +178,9 @@ def format_batch(report: dict[str, Any]) -> str:
                                                           report.get("correctness_total_s", {}).items()) or "-"),
              "memfd payloads, summed (s): " + (", ".join(f"{k} {v:.1f}" for k, v in
                                                        report.get("payload_total_s", {}).items()) or "-"),
+             "out of device memory beside another job, run again alone: {retried_alone}; jobs alone: {alone}; "
+             "workers stopped for them: {evicted}".format(**report.get("turns", {"alone": "-", "retried_alone": "-",
+                                                                                   "evicted": "-"})),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "

@@ -143,3 +143,18 @@ def test_the_device_held_share_is_the_union_of_the_holds_per_device():
                         "wall_s": 10.0, "started_at": 100.0, "devices": ["cuda:0", "cuda:1"], "problems": 1,
                         "size": "gpu", "gpu_busy": None})
     assert report["held_coverage"] == pytest.approx(0.55) and "device held 55% of the wall" in format_batch(report)
+
+
+def test_the_report_counts_the_jobs_run_alone_after_running_out_of_memory():
+    """device_turns: how many jobs ran out of the device's memory beside another and ran again alone, how many ran
+    alone, and the workers stopped for them, counted from the rows and printed."""
+    def row(**turn):
+        return {"kind": "reference", "status": "correct", "total_s": 1.0, "build_cached": False, "stages": {},
+                **turn}
+
+    rows = [row(), row(alone=True, retried_alone="crash: the judge ran out of the device's memory", evicted=1),
+            row(alone=True, evicted=1), row(alone=False, retried_alone=None, evicted=0)]
+    report = summarize({"rows": rows, "wall_s": 4.0, "devices": ["cuda:0"], "problems": 1, "size": "gpu",
+                        "gpu_busy": None})
+    assert report["turns"] == {"alone": 2, "retried_alone": 1, "evicted": 2}
+    assert "run again alone: 1; jobs alone: 2; workers stopped for them: 2" in format_batch(report)
