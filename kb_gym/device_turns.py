@@ -4,8 +4,8 @@ beside others.
 With several workers on one device (``Evaluator(workers_per_device=2)``) each job's judge and runner hold their own
 memory for the whole job, outside the stages the device lock serialises: inputs, the reference's outputs, the float64
 answer, the candidate's outputs. Problems sized for an H200 (outputs of 6-7 GB) fit two such jobs in its 141 GB and
-not in an H100's 80 GB: there the judges' comparisons and the runners' forwards ran out of memory beside each other
-(session 38: 7 of 64 candidates of the batch, reference copies among them, ``crash``). A job that ran out of the
+not in an H100's 80 GB: there the judges' input clones, comparisons and float64 answers ran out of memory beside each
+other (session 38: 6-8 of the batch's 64 candidates, reference copies among them, ``crash``). A job that ran out of the
 device's memory is therefore run once more with the device to itself (``DeviceTurns.alone``), and its problem's later
 jobs too; what that run gives is the verdict: run alone, a candidate that exhausts the memory has done so itself.
 Alone means the device's other workers stopped too (``Evaluator._evict_others``; each starts again with its next job):
