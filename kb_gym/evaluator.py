@@ -25,7 +25,7 @@ from typing import Any
 from kb_gym.baseline_cache import BaselineCache, baseline_key, measured_entry
 from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
-from kb_gym.device_turns import DeviceTurns
+from kb_gym.device_turns import ALONE, EVICTING, SIDE_BY_SIDE, DeviceTurns
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
@@ -173,7 +173,8 @@ class Evaluator(EvaluationAPI):
         self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
         # jobs side by side on a device, or one alone after one ran out of its memory beside others (device_turns)
         self._turns = {d: DeviceTurns() for d in self.devices}
-        self._alone_codes: set[str] = set()  # problems whose jobs run alone: they ran out of memory side by side
+        # problem code -> the turn its jobs start at: they ran out of memory at the turns before it (device_turns)
+        self._turn_of: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Evaluator:
@@ -420,39 +421,51 @@ class Evaluator(EvaluationAPI):
 
     def _run_turns(self, handle: WorkerHandle, job: dict, problem: Problem, limits: dict[str, float],
                    cfg: EvalConfig) -> dict[str, Any]:
-        """The job's raw result, from a turn on the device beside its other jobs, or alone (device_turns.py): where it
-        ran out of the device's memory beside another job it runs once more alone, and the alone run is the verdict.
-        Where the alone run did not run out, the problem's later jobs run alone too."""
+        """The job's raw result from a turn on its device (device_turns.py): beside the device's other jobs
+        (``SIDE_BY_SIDE``), alone once they end (``ALONE``), or alone with the device's other workers stopped
+        (``EVICTING``). A job that ran out of the device's memory is run again at the next turn that can help (alone
+        where another job ran beside it, evicting where another worker is alive), and the last run is the verdict;
+        where a retry did not run out, the problem's later jobs start at that turn."""
         turns = self._turns[handle.device]
         with self._lock:
-            alone = problem.code in self._alone_codes
-        raw, overlapped = self._attempt(handle, job, limits, cfg, turns, alone)
-        if alone or not (raw.get("device_oom") and overlapped):
-            return raw
-        first = f"{raw.get('status')}: {str(raw.get('error') or '')[:300]}"
-        with self._lock:
-            self._job_counter += 1
-            job = {**job, "job_id": self._job_counter}
-        raw, _ = self._attempt(handle, job, limits, cfg, turns, True)
-        raw["retried_alone"] = first
-        if not raw.get("device_oom"):  # it was the company: the problem's jobs run alone from now on
+            turn = self._turn_of.get(problem.code, SIDE_BY_SIDE)
+        raw, overlapped = self._attempt(handle, job, limits, cfg, turns, turn)
+        first = ""
+        while raw.get("device_oom"):
+            if turn == SIDE_BY_SIDE and overlapped:
+                turn = ALONE
+            elif turn < EVICTING and self._others_alive(handle):
+                turn = EVICTING
+            else:
+                break
+            first = first or f"{raw.get('status')}: {str(raw.get('error') or '')[:300]}"
             with self._lock:
-                self._alone_codes.add(problem.code)
+                self._job_counter += 1
+                job = {**job, "job_id": self._job_counter}
+            raw, overlapped = self._attempt(handle, job, limits, cfg, turns, turn)
+        if first:
+            raw["retried_alone"] = first
+            if not raw.get("device_oom"):  # it was the company: the problem's jobs start at this turn from now on
+                with self._lock:
+                    self._turn_of[problem.code] = max(turn, self._turn_of.get(problem.code, SIDE_BY_SIDE))
         return raw
 
     def _attempt(self, handle: WorkerHandle, job: dict, limits: dict[str, float], cfg: EvalConfig,
-                 turns: DeviceTurns, alone: bool) -> tuple[dict[str, Any], bool]:
-        with turns.turn(alone) as turn:
-            evicted = self._evict_others(handle) if alone else 0
+                 turns: DeviceTurns, turn: int) -> tuple[dict[str, Any], bool]:
+        with turns.turn(turn > SIDE_BY_SIDE) as held:
+            evicted = self._evict_others(handle) if turn == EVICTING else 0
             try:
                 with self._using[handle]:
                     raw = handle.run(job, limits, cfg.memory_limit_mb, cfg.disk_limit_mb)
             except WorkerDied as exc:
                 raw = {"status": "crash", "error": str(exc), "flags": [], "stage_seconds": {}}
-        if alone:
+        if turn > SIDE_BY_SIDE:
             raw["alone"] = True
             raw["evicted"] = evicted
-        return raw, turn.overlapped
+        return raw, held.overlapped
+
+    def _others_alive(self, handle: WorkerHandle) -> bool:
+        return any(w.alive for w in self._workers if w is not handle and w.device == handle.device)
 
     def _evict_others(self, handle: WorkerHandle) -> int:
         """Stop the device's other workers (idle: the turn is alone), so that what they hold on the device between
