@@ -425,12 +425,14 @@ class Evaluator(EvaluationAPI):
         (``SIDE_BY_SIDE``), alone once they end (``ALONE``), or alone with the device's other workers stopped
         (``EVICTING``). A job that ran out of the device's memory is run again at the next turn that can help (alone
         where another job ran beside it, evicting where another worker is alive), and the last run is the verdict;
-        where a retry did not run out, the problem's later jobs start at that turn."""
+        where a retry did not run out after the judge's own memory ran out, the problem's later jobs start at that
+        turn (a runner's is the candidate's footprint: one that runs out only beside others must not set where every
+        later candidate of its problem starts)."""
         turns = self._turns[handle.device]
         with self._lock:
             turn = self._turn_of.get(problem.code, SIDE_BY_SIDE)
         raw, overlapped = self._attempt(handle, job, limits, cfg, turns, turn)
-        first = ""
+        first, whose = "", raw.get("device_oom")
         while raw.get("device_oom"):
             if turn == SIDE_BY_SIDE and overlapped:
                 turn = ALONE
@@ -445,7 +447,7 @@ class Evaluator(EvaluationAPI):
             raw, overlapped = self._attempt(handle, job, limits, cfg, turns, turn)
         if first:
             raw["retried_alone"] = first
-            if not raw.get("device_oom"):  # it was the company: the problem's jobs start at this turn from now on
+            if whose == "judge" and not raw.get("device_oom"):  # the company: the problem's jobs start here now
                 with self._lock:
                     self._turn_of[problem.code] = max(turn, self._turn_of.get(problem.code, SIDE_BY_SIDE))
         return raw

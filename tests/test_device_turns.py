@@ -123,6 +123,25 @@ def test_out_of_memory_alone_is_the_verdict_and_leaves_the_problem_shared(ev, tm
     assert later.status == "crash" and not later.worker.get("alone"), (later.status, later.worker)
 
 
+HOG = """import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 60.00 GiB")
+"""
+
+
+def test_a_candidate_out_of_memory_is_retried_but_sets_nothing_for_its_problem(ev, tmp_path):
+    (tmp_path / "claim").touch()  # the claim taken: the reference runs out nowhere
+    problem = _problem(str(tmp_path / "claim"), False, "1_OOM_candidate")
+    futures = [ev.submit(problem, HOG, config=CONFIG) for _ in range(2)]
+    results = [f.result(timeout=300) for f in futures]
+    assert all(r.status == "runtime_error" and "out of memory on the device" in r.error for r in results), [
+        (r.status, r.error) for r in results]
+    assert any(r.worker.get("retried_alone") for r in results), [r.worker for r in results]
+    later = ev.evaluate(problem, CANDIDATE, config=CONFIG)  # the candidate's footprint says nothing of the problem's
+    assert later.status == "correct" and not later.worker.get("alone"), (later.status, later.worker)
+
+
 # A judge that holds the device's memory while idle (its context, spares, probe, device buffer: ~37 GB of the H100 in
 # session 38): a lock held for its life from the first reference it loads. A reference of HOLDING runs out of memory
 # while another judge holds one.
