@@ -120,7 +120,8 @@ class Evaluator(EvaluationAPI):
         baseline_cache: a BaselineCache, None = the default file, False = none.
         workers_per_device: warm workers per device. With more than one, a device's workers load and
             compile side by side (a ``load_inline`` build no longer holds up the queue) and take
-            turns on the device itself: correctness and timing never overlap on one device.
+            turns on the device itself: correctness and timing never overlap on one device. A job that runs
+            out of the device's memory beside the others runs again with the device to itself (device_turns.py).
         gpu_sharing: how Evaluators in other processes on this host share a GPU (device_lock.py):
             ``"wait"`` (take turns per job: two never measure on one GPU at once), ``"refuse"`` (claim the
             GPUs for this Evaluator's life; a second claimant gets a clear error), ``"off"``.
