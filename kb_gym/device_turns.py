@@ -7,11 +7,13 @@ answer, the candidate's outputs. Problems sized for an H200 (outputs of 6-7 GB) 
 not in an H100's 80 GB: there the judges' input clones, comparisons and float64 answers ran out of memory beside each
 other (session 38: 6-8 of the batch's 64 candidates, reference copies among them, ``crash``). A job that ran out of the
 device's memory is therefore run again with more of the device: alone once the jobs beside it have ended
-(``DeviceTurns.alone``), then, if it runs out again while the device's other workers are alive, with them stopped
+(``DeviceTurns.alone``), then, if its judge runs out again while the device's other workers are alive, with them stopped
 (``Evaluator._evict_others``; each starts again with its next job): idle, they still held ~37 GB of the H100 (CUDA
 contexts, spares, the probe, the device buffers of ``KB_GYM_DEVICE_PAYLOAD=1``), and a retried 23_Softmax ran out
 beside them. The last run is the verdict: with the device to itself, a candidate that exhausts the memory has done so
-itself. A retry that did not run out sets where the problem's later jobs start.
+itself. A runner's out-of-memory (the candidate's footprint; buggy kernels ask for a terabyte often) is retried alone
+at most, and sets nothing for its problem; where the judge's memory ran out and a retry did not, the problem's later
+jobs start at that turn for TURN_MEMORY_S.
 
 The turns are this Evaluator's: another Evaluator on the host shares the device through the host-wide device lock,
 which serialises stages, not memory.
@@ -26,6 +28,10 @@ from collections.abc import Iterator
 # The turns a job can have, from least to most of the device (Evaluator._run_turns): beside the device's other jobs;
 # alone, once they have ended; alone with the device's other workers stopped.
 SIDE_BY_SIDE, ALONE, EVICTING = 0, 1, 2
+# A problem whose judge ran out of memory side by side starts its jobs at the turn that worked for this long, then
+# side by side again (one wasted attempt per problem at most this often): what its company held may be gone, and a
+# turn set by chance must not cost the problem's later jobs for the Evaluator's life.
+TURN_MEMORY_S = 600.0
 
 
 class Turn:

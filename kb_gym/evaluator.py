@@ -25,7 +25,7 @@ from typing import Any
 from kb_gym.baseline_cache import BaselineCache, baseline_key, measured_entry
 from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
-from kb_gym.device_turns import ALONE, EVICTING, SIDE_BY_SIDE, DeviceTurns
+from kb_gym.device_turns import ALONE, EVICTING, SIDE_BY_SIDE, TURN_MEMORY_S, DeviceTurns
 from kb_gym.extract import extract_code
 from kb_gym.feedback import render_feedback
 from kb_gym.integrity import Finding, get_policy, static_findings
@@ -174,8 +174,9 @@ class Evaluator(EvaluationAPI):
         self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
         # jobs side by side on a device, or one alone after one ran out of its memory beside others (device_turns)
         self._turns = {d: DeviceTurns() for d in self.devices}
-        # problem code -> the turn its jobs start at: they ran out of memory at the turns before it (device_turns)
-        self._turn_of: dict[str, int] = {}
+        # problem code -> (the turn its jobs start at, since when): its judge ran out of memory at the turns before
+        # it (device_turns)
+        self._turn_of: dict[str, tuple[int, float]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> Evaluator:
@@ -425,19 +426,22 @@ class Evaluator(EvaluationAPI):
         """The job's raw result from a turn on its device (device_turns.py): beside the device's other jobs
         (``SIDE_BY_SIDE``), alone once they end (``ALONE``), or alone with the device's other workers stopped
         (``EVICTING``). A job that ran out of the device's memory is run again at the next turn that can help (alone
-        where another job ran beside it, evicting where another worker is alive), and the last run is the verdict;
-        where a retry did not run out after the judge's own memory ran out, the problem's later jobs start at that
-        turn (a runner's is the candidate's footprint: one that runs out only beside others must not set where every
-        later candidate of its problem starts)."""
+        where another job ran beside it; evicting where another worker is alive and the memory that ran out was the
+        judge's), and the last run is the verdict. A runner's out-of-memory is the candidate's footprint: it never
+        stops other workers (a policy's buggy kernels ask for 1 TB often) and sets nothing for its problem. Where the
+        judge's did and a retry did not run out, the problem's later jobs start at that turn for TURN_MEMORY_S."""
         turns = self._turns[handle.device]
+        now = time.monotonic()
         with self._lock:
-            turn = self._turn_of.get(problem.code, SIDE_BY_SIDE)
+            turn, since = self._turn_of.get(problem.code, (SIDE_BY_SIDE, now))
+        if now - since > TURN_MEMORY_S:  # side by side again now and then: what the company held may be gone
+            turn = SIDE_BY_SIDE
         raw, overlapped = self._attempt(handle, job, limits, cfg, turns, turn)
         first, whose = "", raw.get("device_oom")
         while raw.get("device_oom"):
             if turn == SIDE_BY_SIDE and overlapped:
                 turn = ALONE
-            elif turn < EVICTING and self._others_alive(handle):
+            elif turn < EVICTING and whose == "judge" and self._others_alive(handle):
                 turn = EVICTING
             else:
                 break
@@ -450,7 +454,7 @@ class Evaluator(EvaluationAPI):
             raw["retried_alone"] = first
             if whose == "judge" and not raw.get("device_oom"):  # the company: the problem's jobs start here now
                 with self._lock:
-                    self._turn_of[problem.code] = max(turn, self._turn_of.get(problem.code, SIDE_BY_SIDE))
+                    self._turn_of[problem.code] = (turn, time.monotonic())
         return raw
 
     def _attempt(self, handle: WorkerHandle, job: dict, limits: dict[str, float], cfg: EvalConfig,
