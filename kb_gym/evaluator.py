@@ -552,6 +552,8 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       runner_startup_phases=runner.get("startup_phases") or {},
                       runner_forked=bool(runner.get("forked")),
                       build_cached=bool(runner.get("build_cached")),
+                      # kernel folders an earlier runner's Triton compiled for this source (triton_cache.py, where on)
+                      triton_cached=int(runner.get("triton_cached") or 0),
                       # a cache hit whose build was up to date in the runner (False: rebuilt all the same)
                       build_reused=runner["build_reused"] if isinstance(runner.get("build_reused"), bool) else None,
                       # when a new build went into the cache: right after the load, or once the runner was gone

@@ -165,11 +165,11 @@ def keep(source: str, runner_ext: Path, tools: str) -> None:
     staging = root / f".{entry.name}.{os.getpid()}.tmp"
     try:
         shutil.rmtree(staging, ignore_errors=True)
-        size = _copy_regular_files(runner_ext, staging / "ext", ENTRY_MAX_BYTES)
+        size = copy_regular_files(runner_ext, staging / "ext", ENTRY_MAX_BYTES)
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
         (entry / MARKER).write_text(str(size))
-    except (OSError, _TooLarge):
+    except (OSError, TooLarge):
         shutil.rmtree(staging, ignore_errors=True)
         return
     evict(root, max_bytes())
@@ -251,16 +251,16 @@ def discard(source: str, tools: str) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-class _TooLarge(Exception):
+class TooLarge(Exception):
     """A build folder over ENTRY_MAX_BYTES: not kept."""
 
 
-def _copy_regular_files(src: Path, dst: Path, max_total: int | None = None) -> int:
+def copy_regular_files(src: Path, dst: Path, max_total: int | None = None) -> int:
     """Folders opened one by one from their parent's descriptor, never through a link (os.fwalk), and files
     opened relative to their folder's descriptor: nothing is resolved by path twice. A path walk opened
     ``folder/name`` by name after listing it, and a runner that swapped the folder for a link to a host folder
     mid-copy got that folder's files into its cache entry (round 5). Sparse files are skipped; past
-    ``max_total`` bytes in all, _TooLarge. Returns the bytes copied."""
+    ``max_total`` bytes in all, TooLarge. Returns the bytes copied."""
     total = 0
     for folder, _dirs, files, dir_fd in os.fwalk(src, follow_symlinks=False):
         rel = Path(folder).relative_to(src)
@@ -278,7 +278,7 @@ def _copy_regular_files(src: Path, dst: Path, max_total: int | None = None) -> i
                     continue
                 total += info.st_size
                 if max_total is not None and total > max_total:
-                    raise _TooLarge(f"the build folder holds more than {max_total:,} bytes")
+                    raise TooLarge(f"the build folder holds more than {max_total:,} bytes")
                 with open(dst / rel / name, "wb") as out:
                     shutil.copyfileobj(fh, out, 1 << 20)
             # ninja compares modification times: the copy keeps the build's

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import build_cache, pch
+from kb_gym.worker import build_cache, pch, triton_cache
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
@@ -252,6 +252,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "startup_seconds": runner.info.get("startup_seconds"),
                                 "startup_phases": runner.info.get("startup_phases"),
                                 "build_cached": bool(result.get("build_cached")),
+                                "triton_cached": int(result.get("triton_cached") or 0),
                                 "build_reused": result.get("build_reused"),
                                 "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
@@ -265,9 +266,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "digest_note": runner.digest_note,
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
-            tools = build_cache.toolchain(ctx.device) if state.get("build_kept") == "at_exit" else None
-            state["runner_gone"] = runner.kill(
-                keep=(lambda scratch: build_cache.keep(job["source"], scratch / "ext", tools)) if tools else None)
+            state["runner_gone"] = runner.kill(keep=_keeper(ctx, job, state))
             # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
         after_exit = state.pop("after_exit", None)
@@ -285,6 +284,23 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         result["calibrations"], ctx.measured_calibrations = ctx.measured_calibrations, []
     _bounded(result)
     return result
+
+
+def _keeper(ctx: WorkerContext, job: dict[str, Any], state: dict[str, Any]) -> Callable[[Path], None] | None:
+    """What to keep of the runner's scratch folder once its tree is gone: a build not kept at load (build_cache), the
+    kernels Triton compiled (triton_cache, where on); None where nothing."""
+    tools = build_cache.toolchain(ctx.device)
+    build = state.get("build_kept") == "at_exit"
+    seeded = state.get("triton_seeded")  # set where the Triton cache is on and nothing was restored
+    if not build and seeded is None:
+        return None
+
+    def keep(scratch: Path) -> None:
+        if build:
+            build_cache.keep(job["source"], scratch / "ext", tools)
+        if seeded is not None:
+            triton_cache.keep(job["source"], scratch / "triton", tools, seeded)
+    return keep
 
 
 def _judge_failed(result: dict[str, Any], exc: Exception) -> None:
@@ -377,6 +393,11 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
             state["pch_removed"] = pch.verify(headers)
+        if triton_cache.enabled() and triton_cache.uses_triton(job["source"]):
+            # the kernels an earlier runner compiled for this very source; kept at exit where there were none
+            result["triton_cached"] = triton_cache.restore(job["source"], runner.scratch / "triton", tools)
+            if not result["triton_cached"]:
+                state["triton_seeded"] = triton_cache.folders(runner.scratch / "triton")
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}

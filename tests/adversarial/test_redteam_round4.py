@@ -568,14 +568,14 @@ def test_a_fifo_in_the_build_folder_does_not_hold_the_judge(ev):
 def test_the_build_cache_copies_no_fifo_or_device_node_and_does_not_block_on_one(tmp_path):
     import threading
 
-    from kb_gym.worker.build_cache import _copy_regular_files
+    from kb_gym.worker.build_cache import copy_regular_files
 
     src = tmp_path / "ext"
     src.mkdir()
     (src / "ext.so").write_bytes(b"\x7fELF")
     os.mkfifo(src / "build.ninja")
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (_copy_regular_files(src, tmp_path / "copy"), done.set()), daemon=True)
+    worker = threading.Thread(target=lambda: (copy_regular_files(src, tmp_path / "copy"), done.set()), daemon=True)
     worker.start()
     assert done.wait(10), "the copy blocked on the FIFO"
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["ext.so"]

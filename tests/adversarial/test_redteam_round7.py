@@ -116,7 +116,7 @@ def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev,
 # --- 2. sparse files in the build folder, written out whole by the judge's copy -----------------------------
 #
 # After a load that built nothing from the cache, the judge copies the runner's build folder ($TORCH_EXTENSIONS_DIR,
-# beneath the scratch folder) into the host's build cache (build_cache.keep -> _copy_regular_files, with
+# beneath the scratch folder) into the host's build cache (build_cache.keep -> copy_regular_files, with
 # shutil.copyfileobj), under the candidate's own source hash. The runner may write no file over 1 GB
 # (RLIMIT_FSIZE) and the watchdog holds the tree's disk use to disk_limit_mb, but both count allocated blocks
 # (scratch_disk._walk: st_blocks): a file truncated to 1 GB holds none. The judge's copy reads it as zeros and
@@ -125,7 +125,7 @@ def test_a_memorised_answer_in_timed_calls_is_caught_on_a_degenerate_problem(ev,
 # entries): 1,000 of them would be 1 TB of the host's disk written by the judge (the build cache, the results
 # store and every later evaluation share it), and the cache entry outlives the runner, the judge and the Evaluator.
 # The source need not build anything: keep() runs for any candidate whose build folder is not empty.
-# Fix: in _copy_regular_files, skip (or refuse to keep) files whose size exceeds their allocated blocks (or copy
+# Fix: in copy_regular_files, skip (or refuse to keep) files whose size exceeds their allocated blocks (or copy
 # holes as holes: os.lseek SEEK_DATA/SEEK_HOLE, copy_file_range), and bound a kept entry's total bytes by the
 # disk limit, dropping the entry beyond it.
 # Stopped since (session 17): sparse files are never copied, an entry holds at most 1 GB, and the whole cache is

@@ -1,0 +1,128 @@
+"""Triton's compiled kernels kept between runners, as build_cache.py keeps ``load_inline`` builds.
+
+Every runner is new, and its Triton cache (``TRITON_CACHE_DIR``) is a folder of its own scratch, so a Triton
+candidate evaluated again was compiled again from nothing in each fresh runner: its kernels' JIT compile and
+Triton's launcher stub (a C build) on its first call. On the H100 (docs/benchmarks.md 1f) a warm Triton candidate's
+correctness stage took 0.48-1.81 s against 0.16-0.33 s for a reference copy of the same problem, most of it that;
+the throughput issue's target for the whole evaluation is 1.5 s.
+
+An entry is what a runner's Triton cache held when its tree was gone, less the folders the judge seeded before the
+candidate loaded (the device digest's kernel: device_digest.seed), keyed by the candidate's whole source, the
+toolchain (build_cache.toolchain: torch, CUDA, Python, the GPU's architecture) and Triton's version, beside the
+build cache's entries and under its bound and eviction. Before a candidate loads, the judge copies the entry for its
+source into the runner's Triton cache, folders the runner does not have only, and points Triton's group files (which
+name their files by absolute path) at the copies. What a candidate leaves in its Triton cache can only reach later
+evaluations of the very same source, whose behaviour that source decides anyway.
+
+Off by default (``KB_GYM_TRITON_CACHE=1``) until its first GPU run: on the CPU Triton interprets and compiles nothing,
+so only the keeping and restoring are tested here (tests/test_triton_cache.py), not that a restored kernel loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from kb_gym.worker.build_cache import (
+    ENTRY_MAX_BYTES,
+    MARKER,
+    TooLarge,
+    copy_regular_files,
+    evict,
+    extensions_root,
+    max_bytes,
+    source_key,
+)
+
+ENV = "KB_GYM_TRITON_CACHE"
+FOLDER = "triton"  # inside an entry, beside no ``ext``: the key differs from the build's
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "0") == "1"
+
+
+def uses_triton(source: str) -> bool:
+    """Whether a candidate may compile Triton kernels: it names Triton. A miss costs a compile, never a verdict."""
+    return "triton" in source
+
+
+def entry_key(source: str, tools: str) -> str:
+    try:
+        import triton
+
+        version = triton.__version__
+    except ImportError:
+        version = "none"
+    return source_key(source, f"{tools}|triton {version}")
+
+
+def folders(runner_cache: Path) -> set[str]:
+    """The folders in a runner's Triton cache now (before its candidate loads: what the judge seeded)."""
+    with contextlib.suppress(OSError):
+        return {p.name for p in runner_cache.iterdir() if p.is_dir() and not p.is_symlink()}
+    return set()
+
+
+def restore(source: str, runner_cache: Path, tools: str) -> int:
+    """Copy the kept kernels of ``source`` into a runner's Triton cache (folders it lacks only); how many."""
+    root = extensions_root()
+    entry = root / entry_key(source, tools) if root else None
+    if entry is None or not (entry / MARKER).is_file():
+        return 0
+    have = folders(runner_cache)
+    copied = 0
+    try:
+        for kept in (entry / FOLDER).iterdir():
+            if kept.name in have or not kept.is_dir() or kept.is_symlink():
+                continue
+            shutil.copytree(kept, runner_cache / kept.name, symlinks=False)
+            _repoint(runner_cache / kept.name)
+            copied += 1
+        os.utime(entry / MARKER)  # recently used: the last to be evicted
+    except OSError:  # evicted mid-copy: what was copied is complete folders or nothing Triton would trust
+        return copied
+    return copied
+
+
+def keep(source: str, runner_cache: Path, tools: str, seeded: set[str]) -> None:
+    """With the runner's tree gone: keep the folders of its Triton cache that were not ``seeded``. Regular files only,
+    never through a link (build_cache.copy_regular_files); nothing past build_cache.ENTRY_MAX_BYTES."""
+    root = extensions_root()
+    new = sorted(folders(runner_cache) - seeded)
+    if root is None or not new:
+        return
+    entry = root / entry_key(source, tools)
+    if (entry / MARKER).is_file():
+        return
+    staging = root / f".{entry.name}.{os.getpid()}.tmp"
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        size = 0
+        for name in new:
+            size += copy_regular_files(runner_cache / name, staging / FOLDER / name, ENTRY_MAX_BYTES - size)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)
+        (entry / MARKER).write_text(str(size))
+    except (OSError, TooLarge):
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    evict(root, max_bytes())
+
+
+def _repoint(folder: Path) -> None:
+    """Point the group files of a restored folder at its own files: each names its children by the absolute path
+    the keeping runner saw (its scratch folder, or the runners' mount point); Triton treats a group whose children
+    it cannot find as a miss, and one it may not read as an error."""
+    for group in folder.glob("__grp__*.json"):
+        try:
+            data = json.loads(group.read_text())
+            children = data["child_paths"]
+            data["child_paths"] = {name: str(folder / Path(str(path)).name) for name, path in children.items()}
+            group.write_text(json.dumps(data))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            with contextlib.suppress(OSError):
+                group.unlink()  # a group it cannot read: a miss for that kernel, never a wrong path
