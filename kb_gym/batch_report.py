@@ -120,6 +120,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             "cuda_cache_hit_total_s": _median([_own(r) for r in again if r["build_cached"] and r["total_s"]]),
             "cuda_cache_hits": f"{sum(r['build_cached'] for r in again)}/{len(again)}",
             "triton_warm_total_s": _median([_own(r) for r in rows if r["kind"] == "triton" and r["total_s"]]),
+            "triton_kept_kernels": sum(int(r.get("triton_cached") or 0) > 0 for r in rows if r["kind"] == "triton"),
         })
     kb = report.get("kernelbench_way")
     if kb:
@@ -184,8 +185,9 @@ def format_batch(report: dict[str, Any]) -> str:
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "
-             f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s (medians; "
-             "own time: total less the waits behind the batch, for a worker and for the device)"]
+             f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s "
+             f"({t.get('triton_kept_kernels', 0)} with kept kernels) (medians; own time: total less the waits behind "
+             "the batch, for a worker and for the device)"]
     if report.get("headers_wait_s") is not None:
         lines.append(f"precompiled header for CUDA builds: waited {f(report['headers_wait_s'], '.1f')} s after the "
                      "warm-up, before the clock (once per machine and toolchain)")
