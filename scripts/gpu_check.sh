@@ -108,11 +108,12 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # The throughput settings side by side, one call, one machine, builds warmed before each clock: THROUGHPUT_VARIANTS
     # (default "memfd device shared"): memfd = the defaults; device = outputs through the judge's device buffer
     # (KB_GYM_DEVICE_PAYLOAD=1); shared = that and correctness/kernel checks holding the device shared
-    # (KB_GYM_SHARED_STAGES=1, device_lock.py). Each batch's rows print its memfd and device-buffer calls.
+    # (KB_GYM_SHARED_STAGES=1, device_lock.py); triton = the defaults with Triton's kept kernels (KB_GYM_TRITON_CACHE=1). Each batch's rows print its memfd and device-buffer calls.
     throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
                   case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
                              shared) envs="KB_GYM_DEVICE_PAYLOAD=1 KB_GYM_SHARED_STAGES=1";;
-                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared"; return 2;; esac
+                             triton) envs="KB_GYM_TRITON_CACHE=1";;  # the defaults with Triton's kept kernels
+                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton"; return 2;; esac
                   echo "== throughput variant $v ($envs)"
                   env $envs python3 -P -m kb_gym.cli bench --batch --no-kernelbench-way --warm-builds \
                     --workers-per-device 2 ${BATCH_ARGS:-} --out "$OUT/batch-$v.json" || return 1
