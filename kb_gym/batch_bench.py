@@ -222,8 +222,9 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
     to compare its wall with the local backend's (docs/distributed.md). ``workers_per_device`` (local): 2 lets
     one worker load and compile while the other holds the device (the pipeline of docs/evaluation.md).
     ``part`` (i, n): only part i of n of the batch, both ways (batch_part); batch_report.merge_parts adds the
-    parts' reports up. After the timed batch, the CUDA candidates are evaluated once more, untimed by the
-    wall: their loads then come from the build cache (``cuda_again``). ``warm_builds``: the CUDA candidates are
+    parts' reports up. After the timed batch, the CUDA and Triton candidates are evaluated once more, untimed by the
+    wall: their loads then come from the build cache (``cuda_again``), their kernels from Triton's kept ones where
+    those are on (``triton_again``). ``warm_builds``: the CUDA candidates are
     built (evaluated once) before the clock starts, so that two runs compared with each other (local against
     Ray) do not differ by nvcc's own variation; the cold-build figures are then absent."""
     on_gpu = all(d.startswith("cuda") for d in resolve_devices(device))
@@ -260,10 +261,14 @@ def run_batch(device: str = "auto", size: str = "gpu", problems: int = 16, kerne
         wall = time.perf_counter() - t0
         busy = sampler.stop()
         devices = ev.devices
-        again = [(p, k, ev.submit(p, s)) for p, k, s in batch if k == "cuda"]
+        # our CUDA and Triton solutions once more, outside the wall: a source seen before (the build cache; Triton's
+        # kept kernels where KB_GYM_TRITON_CACHE=1)
+        again = [(p, k, ev.submit(p, s)) for p, k, s in batch if k in ("cuda", "triton")]
         again_rows = [row_of(p, k, f.result()) for p, k, f in again]
     report.update(wall_s=wall, gpu_busy=busy, devices=devices,
-                  rows=[row_of(p, k, r) for (p, k, _), r in zip(batch, results, strict=True)], cuda_again=again_rows)
+                  rows=[row_of(p, k, r) for (p, k, _), r in zip(batch, results, strict=True)],
+                  cuda_again=[r for r in again_rows if r["kind"] == "cuda"],
+                  triton_again=[r for r in again_rows if r["kind"] == "triton"])
     if kernelbench_way_too:
         dev = devices[0]
         started = time.perf_counter()

@@ -90,6 +90,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             stages.setdefault(stage, []).append(seconds)
     cuda = [r for r in rows if r["kind"] == "cuda" and not r["build_cached"]]
     again = report.get("cuda_again") or []
+    triton_again = report.get("triton_again") or []
     report.update(
         candidates=len(rows), per_candidate_s=wall / len(rows),
         evaluations_per_gpu_hour=3600 * len(rows) / (wall * devices),
@@ -120,7 +121,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             "cuda_cache_hit_total_s": _median([_own(r) for r in again if r["build_cached"] and r["total_s"]]),
             "cuda_cache_hits": f"{sum(r['build_cached'] for r in again)}/{len(again)}",
             "triton_warm_total_s": _median([_own(r) for r in rows if r["kind"] == "triton" and r["total_s"]]),
-            "triton_kept_kernels": sum(int(r.get("triton_cached") or 0) > 0 for r in rows if r["kind"] == "triton"),
+            # the same Triton sources evaluated again after the batch (their kernels kept, where triton_cache is on)
+            "triton_again_total_s": _median([_own(r) for r in triton_again if r["total_s"]]),
+            "triton_again_kept": f"{sum(bool(r.get('triton_cached')) for r in triton_again)}/{len(triton_again)}",
         })
     kb = report.get("kernelbench_way")
     if kb:
@@ -146,6 +149,7 @@ def merge_parts(paths: list[str | Path]) -> dict[str, Any]:
               "part": None, "parts_merged": total, "problems": sum(p["problems"] for p in parts),
               "wall_s": sum(p["wall_s"] for p in parts), "rows": [r for p in parts for r in p["rows"]],
               "cuda_again": [r for p in parts for r in p.get("cuda_again") or []],
+              "triton_again": [r for p in parts for r in p.get("triton_again") or []],
               "gpu_busy": (sum(b * w for b, w in busy) / sum(w for _, w in busy)
                            if all(b is not None for b, _ in busy) else None),
               "held_coverage": (sum(p["held_coverage"] * p["wall_s"] for p in parts) / sum(p["wall_s"] for p in parts)
@@ -185,9 +189,9 @@ def format_batch(report: dict[str, Any]) -> str:
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "
-             f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s "
-             f"({t.get('triton_kept_kernels', 0)} with kept kernels) (medians; own time: total less the waits behind "
-             "the batch, for a worker and for the device)"]
+             f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s, again: "
+             f"{f(t.get('triton_again_total_s'))} s ({t.get('triton_again_kept', '-')} with kept kernels) (medians; "
+             "own time: total less the waits behind the batch, for a worker and for the device)"]
     if report.get("headers_wait_s") is not None:
         lines.append(f"precompiled header for CUDA builds: waited {f(report['headers_wait_s'], '.1f')} s after the "
                      "warm-up, before the clock (once per machine and toolchain)")
