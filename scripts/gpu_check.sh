@@ -108,7 +108,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # The throughput settings side by side, one call, one machine, builds warmed before each clock: THROUGHPUT_VARIANTS
     # (default "memfd device shared"): memfd = the defaults; device = outputs through the judge's device buffer
     # (KB_GYM_DEVICE_PAYLOAD=1); shared = that and correctness/kernel checks holding the device shared
-    # (KB_GYM_SHARED_STAGES=1, device_lock.py); triton = the defaults with Triton's kept kernels (KB_GYM_TRITON_CACHE=1). Each batch's rows print its memfd and device-buffer calls.
+    # (KB_GYM_SHARED_STAGES=1, device_lock.py); triton = the defaults with Triton's kept kernels
+    # (KB_GYM_TRITON_CACHE=1). Each batch's rows print its memfd and device-buffer calls.
     throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
                   case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
                              shared) envs="KB_GYM_DEVICE_PAYLOAD=1 KB_GYM_SHARED_STAGES=1";;
