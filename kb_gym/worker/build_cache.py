@@ -28,7 +28,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -159,13 +159,22 @@ def keep(source: str, runner_ext: Path, tools: str) -> None:
     root = extensions_root()
     if root is None or not runner_ext.is_dir() or not any(runner_ext.iterdir()):
         return
-    entry = root / source_key(source, tools)
+    store(root / source_key(source, tools), lambda staging: copy_regular_files(runner_ext, staging / "ext",
+                                                                               ENTRY_MAX_BYTES))
+
+
+def store(entry: Path, fill: Callable[[Path], int]) -> None:
+    """Write a cache entry unless a complete one is there: ``fill(staging)`` copies into a staging folder and returns
+    the bytes copied; the folder then takes the entry's place and its marker is written last (a half-written entry
+    is never loaded); then the least recently used entries go past the cache's bound. A copy that fails (or is
+    TooLarge) keeps nothing."""
     if (entry / MARKER).is_file():
         return
+    root = entry.parent
     staging = root / f".{entry.name}.{os.getpid()}.tmp"
     try:
         shutil.rmtree(staging, ignore_errors=True)
-        size = copy_regular_files(runner_ext, staging / "ext", ENTRY_MAX_BYTES)
+        size = fill(staging)
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
         (entry / MARKER).write_text(str(size))

@@ -26,16 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kb_gym.worker.build_cache import (
-    ENTRY_MAX_BYTES,
-    MARKER,
-    TooLarge,
-    copy_regular_files,
-    evict,
-    extensions_root,
-    max_bytes,
-    source_key,
-)
+from kb_gym.worker.build_cache import ENTRY_MAX_BYTES, MARKER, copy_regular_files, extensions_root, source_key, store
 
 ENV = "KB_GYM_TRITON_CACHE"
 FOLDER = "triton"  # inside an entry, beside no ``ext``: the key differs from the build's
@@ -95,22 +86,14 @@ def keep(source: str, runner_cache: Path, tools: str, seeded: set[str]) -> None:
     new = sorted(folders(runner_cache) - seeded)
     if root is None or not new:
         return
-    entry = root / entry_key(source, tools)
-    if (entry / MARKER).is_file():
-        return
-    staging = root / f".{entry.name}.{os.getpid()}.tmp"
-    try:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def fill(staging: Path) -> int:
         size = 0
         for name in new:
             size += copy_regular_files(runner_cache / name, staging / FOLDER / name, ENTRY_MAX_BYTES - size)
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(staging, entry)
-        (entry / MARKER).write_text(str(size))
-    except (OSError, TooLarge):
-        shutil.rmtree(staging, ignore_errors=True)
-        return
-    evict(root, max_bytes())
+        return size
+
+    store(root / entry_key(source, tools), fill)
 
 
 def _repoint(folder: Path) -> None:

@@ -7,39 +7,12 @@ Run on the device machine by scripts/gpu_check.sh; skipped elsewhere (tests/conf
 from __future__ import annotations
 
 import pytest
+from test_gpu_probe_check import RELU, TRITON_RELU  # a 4096 x 4096 ReLU and a Triton kernel for it
 
-from kb_gym import EvalConfig, Evaluator, Problem
+from kb_gym import EvalConfig, Evaluator
 from kb_gym.worker import triton_cache
 
 pytestmark = pytest.mark.gpu
-
-RELU = Problem(id=1, name="1_ReLU_triton_cache", level=1, code='''import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(4096, 4096)]
-def get_init_inputs():
-    return []
-''')
-
-TRITON_RELU = '''import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-@triton.jit
-def relu_k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(y_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=m), 0.0), mask=m)
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        y = torch.empty_like(x)
-        relu_k[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
-        return y
-'''
 
 CONFIG = EvalConfig(trials=2, timing_min_reps=5, timing_max_reps=20, timing_warmup=2)
 
