@@ -269,7 +269,7 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     if probe is None or not probe.usable:
         timing.probe_note = probe.note if probe is not None else "no probe on this judge"
         return
-    if not probe.wait_ready(timeout=min(60.0, max(1.0, timeout() / 4))):
+    if not wait_ready(probe, timeout):
         timing.probe_note = probe.note or "the probe had not started yet"
         return
     # A probe call takes about what a loop call took: one that sleeps far longer is the candidate's timeout.
@@ -324,6 +324,11 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     if why:
         chosen.after_exit = why
         timing.probe_pending = AfterExit(valid, shares, key, origin, unheld)
+
+
+def wait_ready(probe: ProbeClock, timeout: Callable[[], float]) -> bool:
+    """Whether the probe is ready, waiting a quarter of the stage's time left for it to start (1-60 s)."""
+    return probe.wait_ready(timeout=min(60.0, max(1.0, timeout() / 4)))
 
 
 def _chosen(valid: list[ProbeReading]) -> ProbeReading:

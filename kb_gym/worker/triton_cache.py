@@ -74,8 +74,8 @@ def restore(source: str, runner_cache: Path, tools: str) -> int:
             _repoint(runner_cache / kept.name)
             copied += 1
         os.utime(entry / MARKER)  # recently used: the last to be evicted
-    except OSError:  # evicted mid-copy: what was copied is complete folders or nothing Triton would trust
-        return copied
+    except OSError:  # evicted mid-copy: a folder left half-copied lacks files its group names, a miss for Triton
+        pass
     return copied
 
 

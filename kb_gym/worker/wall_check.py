@@ -57,6 +57,7 @@ from kb_gym.worker.probe_check import (
     _chosen,
     _Mismatch,
     _timed,
+    wait_ready,
 )
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
 from kb_gym.worker.runner_client import RunnerProcess
@@ -84,7 +85,7 @@ def confirm(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[],
     claimed = median_of(timing.charged_ms())
     if not MAX_CLAIM_MS <= claimed < MAX_WALL_CLAIM_MS:
         return
-    if probe is not None and not (probe.usable and probe.wait_ready(timeout=min(60.0, max(1.0, timeout() / 4)))):
+    if probe is not None and not (probe.usable and wait_ready(probe, timeout)):
         probe = None  # no look for queued work: the passes say so ("quiet unread")
     valid: list[ProbeReading] = []
     voids: list[str] = []
