@@ -68,6 +68,7 @@ class EvalConfig:
     load_timeout: float = 300.0
     correctness_timeout: float = 120.0
     timing_timeout: float = 180.0
+    # Host memory of the worker's tree but the judge's own pages: what the candidate controls (host_memory.py).
     memory_limit_mb: int = 32_000
     # Disk under the worker's scratch folder, removed files it still holds included (scratch_disk.py); 0: none.
     disk_limit_mb: int = 8_000

@@ -73,8 +73,15 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[tuple[str, str]]:
     return paths
 
 
-def tree_memory_bytes(root_pid: int) -> int:
-    """Host memory held by ``root_pid`` and its descendants (0 once the root is gone): see the module's doc."""
+def tree_memory_bytes(root_pid: int, root_private: bool = True) -> int:
+    """Host memory held by ``root_pid`` and its descendants (0 once the root is gone): see the module's doc.
+
+    ``root_private=False`` leaves out the root's own resident pages but not the in-memory files it holds: the
+    worker watchdog's measure of what a candidate controls. The root there is the judge, whose own memory is the
+    problem's (the reference, its inputs, the outputs it copies, its pinned staging: bounded by the reference's
+    shapes, not the candidate's choices); held against the candidate's limit, it charged honest copies of a
+    GPU-size problem ``crash`` (H100, session 39: ``23_Softmax``'s judge at 34.8 GB against 32 GB). A file the
+    runner was given and could fill (the payload memfd) counts wherever it is held."""
     import psutil
 
     try:
@@ -86,16 +93,17 @@ def tree_memory_bytes(root_pid: int) -> int:
     seen: set[tuple[int, int]] = set()
     shared = 0
     for proc in procs:  # one by one: a process that exits mid-walk must not hide the rest
+        own = root_private or proc.pid != root_pid
         try:
             rss = proc.memory_info().rss
         except psutil.Error:
             continue
-        rss_sum += rss
+        rss_sum += rss if own else 0
         try:
             kb = _status_kb(proc.pid)
-            private += (kb.get("RssAnon", 0) + kb.get("RssFile", 0)) * 1024
+            private += (kb.get("RssAnon", 0) + kb.get("RssFile", 0)) * 1024 if own else 0
         except (OSError, ValueError):
-            private += rss
+            private += rss if own else 0
             continue
         devices = memory_fs_devices(proc.pid)
         try:

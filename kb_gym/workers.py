@@ -204,8 +204,9 @@ class WorkerHandle:
         self.kill()
 
     def _rss_mb(self) -> float:
-        """The worker tree's host memory, in MB: resident pages plus in-memory files it holds (host_memory.py)."""
-        return tree_memory_bytes(self.proc.pid) / 2**20
+        """The host memory a candidate controls, in MB: the worker tree's resident pages but the judge's own, plus
+        the in-memory files the tree holds (host_memory.py)."""
+        return tree_memory_bytes(self.proc.pid, root_private=False) / 2**20
 
     def ensure_started(self) -> None:
         """A live worker: started on first use, started again (a restart) after one died.

@@ -48,3 +48,35 @@ def test_a_tree_that_is_gone_holds_nothing():
     proc = subprocess.Popen([sys.executable, "-P", "-c", "pass"])
     proc.wait()
     assert tree_memory_bytes(proc.pid) == 0
+
+
+# The root (a judge) holds 400 MB of its own touched memory and a 200 MB memfd its child (a runner) was given and
+# closed again: the candidate's measure leaves out the first, never the second.
+JUDGE = """
+import mmap, os, sys, time
+fd = os.memfd_create("payload")
+os.posix_fallocate(fd, 0, 200 << 20)
+if os.fork() == 0:
+    os.close(fd)
+    time.sleep(60)
+own = bytearray(400 << 20)  # after the fork: the child shares none of it
+for i in range(0, len(own), 4096):
+    own[i] = 1
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd here")
+def test_the_judges_own_pages_are_not_the_candidates_but_a_file_it_holds_is():
+    proc = subprocess.Popen([sys.executable, "-P", "-c", JUDGE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        whole, candidate = tree_memory_bytes(proc.pid), tree_memory_bytes(proc.pid, root_private=False)
+        assert whole - candidate >= 400 * MB  # the judge's own pages
+        assert 200 * MB <= candidate < 200 * MB + 150 * MB  # the memfd, and the child's few pages
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()

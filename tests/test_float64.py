@@ -1,0 +1,83 @@
+"""The judge's float64 second opinion (worker/float64.py): where it is computed and what it leaves behind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kb_gym.worker import float64
+
+
+class Scaled(torch.nn.Module):
+    """A reference that also changes its integer input in place, as a forward may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 64))
+        self.register_buffer("shift", torch.randn(64))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        counts.add_(1)
+        return torch.softmax(x @ self.weight + self.shift, dim=-1)
+
+
+def _case():
+    torch.manual_seed(0)
+    model = Scaled()
+    x, counts = torch.randn(32, 64), torch.zeros(4, dtype=torch.int64)
+    with torch.no_grad():
+        ref_out = model(x.clone(), counts.clone())
+    return model, [x, counts], ref_out
+
+
+def _exact(model, inputs):
+    with torch.no_grad():
+        return torch.softmax(inputs[0].double() @ model.weight.double() + model.shift.double(), dim=-1)
+
+
+def test_an_answer_out_of_the_devices_memory_is_computed_on_the_host(monkeypatch):
+    model, inputs, ref_out = _case()
+    weight, storage, shift = model.weight, model.weight.data_ptr(), model.shift
+    tried = []
+    real = float64._in_float64
+
+    def device_full(ref_model, args, where):
+        tried.append(where.type)
+        if where.type == "cuda":  # the device's memory does not hold the float64 model and answer
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB")
+        return real(ref_model, args, where)
+
+    monkeypatch.setattr(float64, "_in_float64", device_full)
+    result, state = {"flags": []}, {}
+    answer = float64.float64_answer(torch.device("cuda"), model, inputs, ref_out, result, state)
+    assert tried == ["cuda", "cpu"]
+    assert result["correctness"]["float64_on"] == "cpu" and not state.get("float64_failed")
+    assert answer[0].dtype == torch.float32 and answer[0].device == ref_out.device
+    torch.testing.assert_close(answer[0], _exact(model, inputs).float(), atol=1e-7, rtol=1e-6)
+    # the model is the judge's again: the same Parameter on its own fp32 tensor, the buffer fp32
+    assert model.weight is weight and model.weight.data_ptr() == storage and model.shift is shift
+    assert model.weight.dtype == model.shift.dtype == torch.float32 == torch.get_default_dtype()
+    assert inputs[1].tolist() == [0, 0, 0, 0] and inputs[0].dtype == torch.float32  # copies took the change
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a kernel of its own"), torch.OutOfMemoryError("host memory")])
+def test_a_reference_that_cannot_run_in_float64_gets_no_second_opinion(monkeypatch, error):
+    """Any failure on the host (out of memory there too) leaves the first verdict standing, once per job."""
+    model, inputs, ref_out = _case()
+
+    def fails(ref_model, args, where):
+        raise error
+
+    monkeypatch.setattr(float64, "_in_float64", fails)
+    result, state = {"flags": []}, {}
+    assert float64.float64_answer(torch.device("cpu"), model, inputs, ref_out, result, state) is None
+    assert state["float64_failed"] and str(error) in result["correctness"]["float64_error"]
+    assert "float64_on" not in result["correctness"]
+
+
+def test_the_answer_on_the_judges_device_matches_float64():
+    model, inputs, ref_out = _case()
+    result = {"flags": []}
+    answer = float64.float64_answer(torch.device("cpu"), model, inputs, ref_out, result, {})
+    torch.testing.assert_close(answer[0], _exact(model, inputs).float(), atol=1e-7, rtol=1e-6)
+    assert "float64_on" not in result.get("correctness", {}) and model.weight.dtype == torch.float32
