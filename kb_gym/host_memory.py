@@ -73,37 +73,102 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[tuple[str, str]]:
     return paths
 
 
-def tree_memory_bytes(root_pid: int, root_private: bool = True) -> int:
-    """Host memory held by ``root_pid`` and its descendants (0 once the root is gone): see the module's doc.
+def tree_memory_bytes(root_pid: int) -> int:
+    """Host memory held by ``root_pid`` and its descendants (0 once the root is gone): see the module's doc."""
+    _, pages, files = _walk(root_pid)
+    rss_sum = sum(rss for rss, _ in pages.values())
+    private = sum(own for _, own in pages.values())
+    return max(rss_sum, private + sum(size for size, _ in files.values()))
 
-    ``root_private=False`` leaves out the root's own resident pages but not the in-memory files it holds: the
-    worker watchdog's measure of what a candidate controls. The root there is the judge, whose own memory is the
-    problem's (the reference, its inputs, the outputs it copies, its pinned staging: bounded by the reference's
-    shapes, not the candidate's choices); held against the candidate's limit, it charged honest copies of a
-    GPU-size problem ``crash`` (H100, session 39: ``23_Softmax``'s judge at 34.8 GB against 32 GB). A file the
-    runner was given and could fill (the payload memfd) counts wherever it is held."""
+
+def candidate_memory_bytes(root_pid: int, judge_pid: int | None, runner_pid: int | None) -> int:
+    """The host memory a candidate controls in a worker's tree (rooted at ``root_pid``, the judge or the sandbox
+    wrapper above it): its runner's and the runner's descendants' pages, and every in-memory file one of them holds
+    or that the judge alone holds (a payload memfd the runner filled, then closed and unmapped, is still the
+    runner's). ``judge_pid`` and ``runner_pid`` are as the judge knows them, numbers of its PID namespace. Before
+    a runner is named only the judge-alone files count. The measure errs towards the limit: where the judge is not
+    found in the tree the whole tree counts, and where the named runner is not, everything but the judge's pages.
+
+    Left out: the judge's own pages, and the zygote's, spares' and probes' with the files only they hold beside the
+    judge. The judge's memory is the problem's (the reference, its inputs, the outputs it copies, its pinned
+    staging: bounded by the reference's shapes, not the candidate's choices); a pristine spare's is the evaluator's
+    (its memfd populated at start-up for the problem's outputs: 6.4 GB each on a GPU-size problem). Held against
+    the candidate's limit, they charged honest copies of ``23_Softmax`` ``crash`` (H100, session 39: 34 GB against
+    32 GB with two spares)."""
+    procs, pages, files = _walk(root_pid)
+    judge = _host_pid(procs, judge_pid, None) if judge_pid is not None else None
+    if judge is None:
+        return tree_memory_bytes(root_pid)
+    level = len(procs[judge][1]) - 1  # the judge's namespace among each process's NSpid numbers
+    runner = _host_pid(procs, runner_pid, level) if runner_pid is not None else None
+    if runner_pid is not None and runner is None:
+        theirs = set(procs) - {judge}
+    else:
+        theirs = {runner, *(p for p in procs if _descends(procs, p, runner))} if runner is not None else set()
+    rss_sum = sum(pages[p][0] for p in theirs if p in pages)
+    private = sum(pages[p][1] for p in theirs if p in pages)
+    shared = sum(size for size, holders in files.values() if holders & theirs or holders == {judge})
+    return max(rss_sum, private + shared)
+
+
+def _host_pid(procs: dict[int, tuple[int, list[int]]], pid: int, level: int | None) -> int | None:
+    """The host's number of the tree's process numbered ``pid`` in the namespace at ``level`` of NSpid; level None:
+    the shallowest process that is ``pid`` in its own innermost namespace (the judge, by its own ``getpid()``)."""
+    if level is None:
+        found = [(len(ids), host) for host, (_, ids) in procs.items() if ids[-1] == pid]
+        return min(found)[1] if found else None
+    return next((host for host, (_, ids) in procs.items() if len(ids) > level and ids[level] == pid), None)
+
+
+def _descends(procs: dict[int, tuple[int, list[int]]], pid: int, ancestor: int) -> bool:
+    seen = set()
+    while pid in procs and pid not in seen:
+        seen.add(pid)
+        pid = procs[pid][0]
+        if pid == ancestor:
+            return True
+    return False
+
+
+def _nspids(pid: int) -> list[int]:
+    """``pid``'s numbers in each PID namespace it is in, the host's first (NSpid); [pid] where none is shown."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]] or [pid]
+    except (OSError, ValueError):
+        pass
+    return [pid]
+
+
+Files = dict[tuple[int, int], tuple[int, set[int]]]
+
+
+def _walk(root_pid: int) -> tuple[dict[int, tuple[int, list[int]]], dict[int, tuple[int, int]], Files]:
+    """The tree under ``root_pid``: {pid: (parent pid, NSpid)}; {pid: (RSS, anonymous + file-backed resident bytes)};
+    and {(device, inode): (allocated bytes, pids holding it)} of the in-memory files its processes hold."""
     import psutil
 
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0
-    rss_sum = private = 0
-    seen: set[tuple[int, int]] = set()
-    shared = 0
+        return {}, {}, {}
+    parents: dict[int, tuple[int, list[int]]] = {}
+    pages: dict[int, tuple[int, int]] = {}
+    files: Files = {}
     for proc in procs:  # one by one: a process that exits mid-walk must not hide the rest
-        own = root_private or proc.pid != root_pid
         try:
+            parents[proc.pid] = (proc.ppid(), _nspids(proc.pid))
             rss = proc.memory_info().rss
         except psutil.Error:
             continue
-        rss_sum += rss if own else 0
         try:
             kb = _status_kb(proc.pid)
-            private += (kb.get("RssAnon", 0) + kb.get("RssFile", 0)) * 1024 if own else 0
+            pages[proc.pid] = (rss, (kb.get("RssAnon", 0) + kb.get("RssFile", 0)) * 1024)
         except (OSError, ValueError):
-            private += rss if own else 0
+            pages[proc.pid] = (rss, rss)
             continue
         devices = memory_fs_devices(proc.pid)
         try:
@@ -115,11 +180,13 @@ def tree_memory_bytes(root_pid: int, root_private: bool = True) -> int:
                 st = os.stat(path)
             except OSError:  # closed or unmapped meanwhile, or map_files not readable here
                 continue
-            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+            if not stat.S_ISREG(st.st_mode):
                 continue
+            key = (st.st_dev, st.st_ino)
+            if key in files:
+                files[key][1].add(proc.pid)
             # A file on a tmpfs counts when it is newer than the process: where the root file system itself
             # is a tmpfs, the libraries every worker maps are old files there and are not the candidate's.
-            if target.startswith(SHMEM_PREFIXES) or (st.st_dev in devices and st.st_ctime >= born):
-                seen.add((st.st_dev, st.st_ino))
-                shared += st.st_blocks * 512
-    return max(rss_sum, private + shared)
+            elif target.startswith(SHMEM_PREFIXES) or (st.st_dev in devices and st.st_ctime >= born):
+                files[key] = (st.st_blocks * 512, {proc.pid})
+    return parents, pages, files

@@ -16,7 +16,7 @@ from typing import Any
 
 from kb_gym import sandbox
 from kb_gym.device_lock import DeviceHold, DeviceLock
-from kb_gym.host_memory import tree_memory_bytes
+from kb_gym.host_memory import candidate_memory_bytes
 from kb_gym.scratch_disk import tree_disk_usage
 from kb_gym.store import cache_dir
 from kb_gym.worker.process import cpu_malloc_env
@@ -123,6 +123,7 @@ class WorkerHandle:
         self.restarts = 0
         self.start_failures = 0  # starts that failed and were tried again
         self.jobs = 0
+        self.runner_pid: int | None = None  # the job's runner, once the judge names it: whose memory is the candidate's
 
     @property
     def alive(self) -> bool:
@@ -204,9 +205,9 @@ class WorkerHandle:
         self.kill()
 
     def _rss_mb(self) -> float:
-        """The host memory a candidate controls, in MB: the worker tree's resident pages but the judge's own, plus
-        the in-memory files the tree holds (host_memory.py)."""
-        return tree_memory_bytes(self.proc.pid, root_private=False) / 2**20
+        """The host memory the job's candidate controls, in MB (host_memory.candidate_memory_bytes): its runner's,
+        as the judge named it (a "runner" message, sent before the runner loads the candidate)."""
+        return candidate_memory_bytes(self.proc.pid, self.info.get("pid"), self.runner_pid) / 2**20
 
     def ensure_started(self) -> None:
         """A live worker: started on first use, started again (a restart) after one died.
@@ -269,6 +270,7 @@ class WorkerHandle:
         stage = "load"
         stage_started = time.monotonic()
         token = secrets.token_hex(16)
+        self.runner_pid = None
         peak_rss = 0.0
         device_wait = 0.0  # seconds this job waited for the shared device's grant
         disk_checked = time.monotonic()
@@ -308,6 +310,9 @@ class WorkerHandle:
             if msg.get("type") == "stage":
                 stage = str(msg.get("stage"))
                 stage_started = time.monotonic()
+                continue
+            if msg.get("type") == "runner" and isinstance(msg.get("pid"), int):
+                self.runner_pid = msg["pid"]
                 continue
             if msg.get("type") == "acquire":
                 if loading[0]:  # its load is over: a baseline-only job waiting to time may start

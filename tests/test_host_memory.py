@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from kb_gym.host_memory import tree_memory_bytes
+from kb_gym.host_memory import candidate_memory_bytes, tree_memory_bytes
 
 MB = 1 << 20
 
@@ -50,31 +50,50 @@ def test_a_tree_that_is_gone_holds_nothing():
     assert tree_memory_bytes(proc.pid) == 0
 
 
-# The root (a judge) holds 400 MB of its own touched memory and a 200 MB memfd its child (a runner) was given and
-# closed again: the candidate's measure leaves out the first, never the second.
+# A judge with 400 MB of its own pages, a spare holding its 300 MB memfd (the judge keeps the descriptor too), and a
+# runner given a 200 MB memfd it filled, then closed and unmapped: only the judge holds that one now.
 JUDGE = """
 import mmap, os, sys, time
-fd = os.memfd_create("payload")
-os.posix_fallocate(fd, 0, 200 << 20)
-if os.fork() == 0:
-    os.close(fd)
+spare_fd = os.memfd_create("spare")
+os.posix_fallocate(spare_fd, 0, 300 << 20)
+spare = os.fork()
+if spare == 0:
+    mmap.mmap(spare_fd, 300 << 20)
     time.sleep(60)
-own = bytearray(400 << 20)  # after the fork: the child shares none of it
+runner_fd = os.memfd_create("payload")
+runner = os.fork()
+if runner == 0:
+    os.close(spare_fd)  # the spare's is not its (a zygote forks each runner with its own only)
+    os.posix_fallocate(runner_fd, 0, 200 << 20)
+    os.close(runner_fd)
+    print("filled", flush=True)
+    time.sleep(60)
+own = bytearray(400 << 20)  # after the forks: no child shares it
 for i in range(0, len(own), 4096):
     own[i] = 1
-print("ready", flush=True)
+time.sleep(1)
+print("ready", spare, runner, flush=True)
 time.sleep(60)
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd here")
-def test_the_judges_own_pages_are_not_the_candidates_but_a_file_it_holds_is():
+def test_the_candidates_memory_is_its_runners_and_what_only_the_judge_holds_for_it():
     proc = subprocess.Popen([sys.executable, "-P", "-c", JUDGE], stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().strip() == "ready"
-        whole, candidate = tree_memory_bytes(proc.pid), tree_memory_bytes(proc.pid, root_private=False)
-        assert whole - candidate >= 400 * MB  # the judge's own pages
-        assert 200 * MB <= candidate < 200 * MB + 150 * MB  # the memfd, and the child's few pages
+        assert proc.stdout.readline().strip() == "filled"
+        ready, spare, runner = proc.stdout.readline().split()
+        assert ready == "ready"
+        whole = tree_memory_bytes(proc.pid)
+        theirs = candidate_memory_bytes(proc.pid, proc.pid, int(runner))
+        assert whole >= theirs + 400 * MB + 300 * MB  # the judge's pages and the spare's memfd are not the runner's
+        assert 200 * MB <= theirs < 200 * MB + 150 * MB  # the memfd it filled, and its own few pages
+        # before the judge names a runner, what the judge alone holds still counts
+        assert 200 * MB <= candidate_memory_bytes(proc.pid, proc.pid, None) < 200 * MB + 16 * MB
+        assert candidate_memory_bytes(proc.pid, proc.pid, int(spare)) >= 500 * MB  # a runner's memfd counts where it is held
+        # a judge or runner not in the tree: the measure errs towards the limit
+        assert abs(candidate_memory_bytes(proc.pid, 1 << 30, int(runner)) - tree_memory_bytes(proc.pid)) < 16 * MB
+        assert candidate_memory_bytes(proc.pid, proc.pid, 1 << 30) >= whole - 400 * MB - 64 * MB
     finally:
         for p in psutil.Process(proc.pid).children(recursive=True):
             p.kill()

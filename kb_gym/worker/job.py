@@ -382,6 +382,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         ctx.pool.payload_hint = hint
         runner = ctx.pool.take()
         state["runner"] = runner
+        ctx.send({"type": "runner", "pid": runner.pid})  # whose memory the watchdog holds against the limit
         own_clock = runner.cpu_clock and bool(cfg["timing"])  # the CPU clock's harness, read in this very process
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
