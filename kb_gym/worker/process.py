@@ -41,7 +41,16 @@ def take_protocol_fds() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def set_limits(file_bytes: int = resource.RLIM_INFINITY) -> None:
+# Where the host's memory runs out faster than the watchdog polls, the kernel's OOM killer takes the process with the
+# highest badness: a runner (the candidate's) first, then a judge, and the evaluator (a trainer's process, with the
+# policy in it) last. Raising one's own score needs no privilege; lowering it again does where Landlock confines the
+# runner (/proc is outside its writable folders). On the H100 (session 39) a GPU-size batch with two spares a worker
+# had a runner killed this way; any process of the host could have been the one.
+JUDGE_OOM_SCORE = 500
+RUNNER_OOM_SCORE = 1000
+
+
+def set_limits(file_bytes: int = resource.RLIM_INFINITY, oom_score: int = JUDGE_OOM_SCORE) -> None:
     # No core files; the runner caps any single file a candidate writes (runner.py). The judge runs no
     # candidate code and keeps no file limit: it sizes each runner's payload memfd for the call's outputs
     # (payload.PayloadReader.reserve), twice the reference's, and a 2 GB limit here made that fail for every
@@ -50,6 +59,11 @@ def set_limits(file_bytes: int = resource.RLIM_INFINITY) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-large writes fail with EFBIG instead
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(str(oom_score))
+    except OSError:  # no /proc here: the kernel's own choice stands
+        pass
 
 
 _MS_NOSUID, _MS_NODEV, _MS_BIND = 2, 4, 1 << 12

@@ -50,7 +50,15 @@ from kb_gym.worker.loading import (
     trim_traceback,
 )
 from kb_gym.worker.payload import SHM_MIN_BYTES, PayloadWriter
-from kb_gym.worker.process import ENV_GPU, bind_scratch, limit_sysv_ipc, private_shm, set_limits, take_protocol_fds
+from kb_gym.worker.process import (
+    ENV_GPU,
+    RUNNER_OOM_SCORE,
+    bind_scratch,
+    limit_sysv_ipc,
+    private_shm,
+    set_limits,
+    take_protocol_fds,
+)
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
@@ -483,7 +491,7 @@ def serve(device: str, scratch_dir: str, namespaces: bool) -> None:
 
     device = narrow_to_one_gpu(device)
     proto_in, proto_out = take_protocol_fds()
-    set_limits(file_bytes=1 << 30)
+    set_limits(file_bytes=1 << 30, oom_score=RUNNER_OOM_SCORE)
     scratch = Path(scratch_dir)
     _scratch_env(scratch)
     shm = os.environ.get("KB_GYM_RUNNER_PRIVATE_SHM") == "1" and private_shm(SHM_MB)

@@ -109,6 +109,25 @@ def test_no_child_process_survives_the_evaluation(ev, relu):
     assert_recovers(ev, relu)
 
 
+def test_the_hosts_oom_killer_takes_a_runner_first_then_a_judge(ev, relu):
+    """Out of host memory faster than the watchdog polls, the kernel kills the highest score: the candidate's runner
+    (1000), then a judge (500), never first the evaluator, which may be a trainer holding the policy."""
+    prelude = ("score = open('/proc/self/oom_score_adj').read().strip()\n"
+               "if score != '1000':\n    raise RuntimeError('the runner runs with oom_score_adj ' + score)")
+    r = ev.evaluate(relu, candidate(prelude))
+    assert r.status == "correct", r.error
+    judge = ev._workers[0].proc.pid
+    judges = [p for p in [psutil.Process(judge), *psutil.Process(judge).children()]
+              if "kb_gym.worker" in p.cmdline() and p.name().startswith("python")]  # not the unshare above it
+    assert judges and all(_oom_score(p.pid) == 500 for p in judges)
+    assert _oom_score(os.getpid()) < 500
+
+
+def _oom_score(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as fh:
+        return int(fh.read())
+
+
 def test_fifty_megabytes_of_output_is_bounded(ev, relu):
     t0 = time.perf_counter()
     r = ev.evaluate(relu, candidate("sys.stdout.write('x' * (50 << 20)); sys.stdout.flush()\nos._exit(1)"))
