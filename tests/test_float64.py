@@ -58,6 +58,9 @@ def test_an_answer_out_of_the_devices_memory_is_computed_on_the_host(monkeypatch
     assert model.weight is weight and model.weight.data_ptr() == storage and model.shift is shift
     assert model.weight.dtype == model.shift.dtype == torch.float32 == torch.get_default_dtype()
     assert inputs[1].tolist() == [0, 0, 0, 0] and inputs[0].dtype == torch.float32  # copies took the change
+    again = float64.float64_answer(torch.device("cuda"), model, inputs, ref_out, result, state)
+    assert tried == ["cuda", "cpu", "cpu"]  # the job's next trial does not try the device again
+    torch.testing.assert_close(again[0], answer[0])
 
 
 @pytest.mark.parametrize("error", [RuntimeError("a kernel of its own"), torch.OutOfMemoryError("host memory")])
