@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -26,10 +28,22 @@ time.sleep(60)
 """
 
 
+@contextlib.contextmanager
+def _tree(program: str) -> Iterator[subprocess.Popen]:
+    """``program`` run with its output piped, then killed with every process it forked."""
+    proc = subprocess.Popen([sys.executable, "-P", "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd here")
 def test_memfd_pages_count_once_for_the_tree_and_never_below_resident_size():
-    proc = subprocess.Popen([sys.executable, "-P", "-c", HOLDER], stdout=subprocess.PIPE, text=True)
-    try:
+    with _tree(HOLDER) as proc:
         assert proc.stdout.readline().strip() == "ready"
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         rss = sum(p.memory_info().rss for p in tree)
@@ -37,11 +51,6 @@ def test_memfd_pages_count_once_for_the_tree_and_never_below_resident_size():
         assert held >= rss
         assert 300 * MB <= held - rss + 64 * MB  # the memfd's pages, in no RSS
         assert held < rss + 2 * 300 * MB  # once, though two processes hold it
-    finally:
-        for p in psutil.Process(proc.pid).children(recursive=True):
-            p.kill()
-        proc.kill()
-        proc.wait()
 
 
 def test_a_tree_that_is_gone_holds_nothing():
@@ -79,8 +88,7 @@ time.sleep(60)
 
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd here")
 def test_the_candidates_memory_is_its_runners_and_what_only_the_judge_holds_for_it():
-    proc = subprocess.Popen([sys.executable, "-P", "-c", JUDGE], stdout=subprocess.PIPE, text=True)
-    try:
+    with _tree(JUDGE) as proc:
         assert proc.stdout.readline().strip() == "filled"
         ready, spare, runner = proc.stdout.readline().split()
         assert ready == "ready"
@@ -94,8 +102,3 @@ def test_the_candidates_memory_is_its_runners_and_what_only_the_judge_holds_for_
         # a judge or runner not in the tree: the measure errs towards the limit
         assert abs(candidate_memory_bytes(proc.pid, 1 << 30, int(runner)) - tree_memory_bytes(proc.pid)) < 16 * MB
         assert candidate_memory_bytes(proc.pid, proc.pid, 1 << 30) >= whole - 400 * MB - 64 * MB
-    finally:
-        for p in psutil.Process(proc.pid).children(recursive=True):
-            p.kill()
-        proc.kill()
-        proc.wait()
