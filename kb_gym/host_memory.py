@@ -82,42 +82,46 @@ def tree_memory_bytes(root_pid: int) -> int:
 
 
 def candidate_memory_bytes(root_pid: int, judge_pid: int | None, runner_pid: int | None) -> int:
-    """The host memory a candidate controls in a worker's tree (rooted at ``root_pid``, the judge or the sandbox
-    wrapper above it): its runner's and the runner's descendants' pages, and every in-memory file one of them holds
-    or that the judge alone holds (a payload memfd the runner filled, then closed and unmapped, is still the
-    runner's). ``judge_pid`` and ``runner_pid`` are as the judge knows them, numbers of its PID namespace. Before
-    a runner is named only the judge-alone files count. The measure errs towards the limit: where the judge is not
-    found in the tree the whole tree counts, and where the named runner is not, everything but the judge's pages.
+    """The host memory held against a candidate's limit in a worker's tree (rooted at ``root_pid``: the judge, or the
+    sandbox wrapper whose child it is): the pages of every process but the judge, and every in-memory file the tree
+    holds but those the judge shares with processes other than the job's runner and its descendants (the spares'
+    memfds, premapped for the problem's outputs before any candidate ran). A payload memfd the runner filled, then
+    closed and unmapped, is held by the judge alone and counts. ``judge_pid`` and ``runner_pid`` are as the judge
+    knows them, numbers of its PID namespace (the runner is named before it loads the candidate). The measure errs
+    towards the limit: where the judge is not found the whole tree counts, and where a named runner is not, every
+    file does.
 
-    Left out: the judge's own pages, and the zygote's, spares' and probes' with the files only they hold beside the
-    judge. The judge's memory is the problem's (the reference, its inputs, the outputs it copies, its pinned
-    staging: bounded by the reference's shapes, not the candidate's choices); a pristine spare's is the evaluator's
-    (its memfd populated at start-up for the problem's outputs: 6.4 GB each on a GPU-size problem). Held against
-    the candidate's limit, they charged honest copies of ``23_Softmax`` ``crash`` (H100, session 39: 34 GB against
-    32 GB with two spares)."""
+    Left out, then, are the judge's own pages, which are the problem's (the reference, its inputs, the outputs it
+    copies, its pinned staging: bounded by the reference's shapes, not the candidate's choices), and the spares'
+    premapped memfds (6.4 GB each on a GPU-size problem). Held against the candidate's limit, they charged honest
+    copies of ``23_Softmax`` ``crash`` (H100, session 39: 34 GB against 32 GB with two spares)."""
     procs, pages, files = _walk(root_pid)
-    judge = _host_pid(procs, judge_pid, None) if judge_pid is not None else None
+    judge = _judge(procs, root_pid, judge_pid)
     if judge is None:
         return tree_memory_bytes(root_pid)
-    level = len(procs[judge][1]) - 1  # the judge's namespace among each process's NSpid numbers
-    runner = _host_pid(procs, runner_pid, level) if runner_pid is not None else None
-    if runner_pid is not None and runner is None:
-        theirs = set(procs) - {judge}
-    else:
-        theirs = {runner, *(p for p in procs if _descends(procs, p, runner))} if runner is not None else set()
-    rss_sum = sum(pages[p][0] for p in theirs if p in pages)
-    private = sum(pages[p][1] for p in theirs if p in pages)
-    shared = sum(size for size, holders in files.values() if holders & theirs or holders == {judge})
+    others = set(pages) - {judge}
+    rss_sum = sum(pages[p][0] for p in others)
+    private = sum(pages[p][1] for p in others)
+    runner = None
+    if runner_pid is not None:
+        level = len(procs[judge][1]) - 1  # the judge's namespace among each process's NSpid numbers
+        runner = next((host for host, (_, ids) in procs.items() if len(ids) > level and ids[level] == runner_pid),
+                      None)
+        if runner is None:
+            return max(rss_sum, private + sum(size for size, _ in files.values()))
+    theirs = {runner, *(p for p in procs if _descends(procs, p, runner))} if runner is not None else set()
+    shared = sum(size for size, holders in files.values()
+                 if holders & theirs or judge not in holders or holders == {judge})
     return max(rss_sum, private + shared)
 
 
-def _host_pid(procs: dict[int, tuple[int, list[int]]], pid: int, level: int | None) -> int | None:
-    """The host's number of the tree's process numbered ``pid`` in the namespace at ``level`` of NSpid; level None:
-    the shallowest process that is ``pid`` in its own innermost namespace (the judge, by its own ``getpid()``)."""
-    if level is None:
-        found = [(len(ids), host) for host, (_, ids) in procs.items() if ids[-1] == pid]
-        return min(found)[1] if found else None
-    return next((host for host, (_, ids) in procs.items() if len(ids) > level and ids[level] == pid), None)
+def _judge(procs: dict[int, tuple[int, list[int]]], root_pid: int, judge_pid: int | None) -> int | None:
+    """The host's number of the judge: the root, or the root's child, that is ``judge_pid`` in its own innermost PID
+    namespace (never a deeper process: a runner's namespace has a pid 1 of its own too)."""
+    if judge_pid is None:
+        return None
+    return next((host for host, (parent, ids) in procs.items()
+                 if (host == root_pid or parent == root_pid) and ids[-1] == judge_pid), None)
 
 
 def _descends(procs: dict[int, tuple[int, list[int]]], pid: int, ancestor: int) -> bool:

@@ -205,8 +205,9 @@ class WorkerHandle:
         self.kill()
 
     def _rss_mb(self) -> float:
-        """The host memory the job's candidate controls, in MB (host_memory.candidate_memory_bytes): its runner's,
-        as the judge named it (a "runner" message, sent before the runner loads the candidate)."""
+        """The host memory held against the job's candidate, in MB (host_memory.candidate_memory_bytes): the tree's
+        but the judge's own pages and the spares' premapped memfds; the runner as the judge named it (a "runner"
+        message, sent before the runner loads the candidate)."""
         return candidate_memory_bytes(self.proc.pid, self.info.get("pid"), self.runner_pid) / 2**20
 
     def ensure_started(self) -> None:
