@@ -123,7 +123,7 @@ class WorkerHandle:
         self.restarts = 0
         self.start_failures = 0  # starts that failed and were tried again
         self.jobs = 0
-        self.runner_pid: int | None = None  # the job's runner, once the judge names it: whose memory is the candidate's
+        self.runner_pid: int | None = None  # the job's runner as the judge names it (the memory measure's files)
 
     @property
     def alive(self) -> bool:

@@ -43,9 +43,11 @@ def take_protocol_fds() -> tuple[int, int]:
 
 # Where the host's memory runs out faster than the watchdog polls, the kernel's OOM killer takes the process with the
 # highest badness: a runner (the candidate's) first, then a judge, and the evaluator (a trainer's process, with the
-# policy in it) last. Raising one's own score needs no privilege; lowering it again does where Landlock confines the
-# runner (/proc is outside its writable folders). On the H100 (session 39) a GPU-size batch with two spares a worker
-# had a runner killed this way; any process of the host could have been the one.
+# policy in it) last. Raising one's own score needs no privilege. Lowering it again does only where the process held
+# CAP_SYS_RESOURCE when it raised it (the kernel keeps that value as its floor); elsewhere a hostile runner can set its
+# own back to 0 (Landlock leaves its /proc/PID writable: CUDA and PyTorch write there), which is where every process
+# stood before. On the H100 (session 39) a GPU-size batch with two spares a worker had a runner killed this way; any
+# process of the host could have been the one.
 JUDGE_OOM_SCORE = 500
 RUNNER_OOM_SCORE = 1000
 
