@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 
 # How an in-memory file shows in /proc/PID/fd and /proc/PID/maps: memfds, SysV segments, shared anonymous
 # mappings (an internal shmem file), and the runner's private /dev/shm.
@@ -20,14 +21,17 @@ SHMEM_PREFIXES = ("/memfd:", "/SYSV", "/dev/zero", "/dev/shm/")
 _MEMORY_FS = ("tmpfs", "ramfs", "hugetlbfs")
 
 
-def _status_kb(pid: int) -> dict[str, int]:
-    values = {}
+def _status(pid: int) -> tuple[int, list[int]]:
+    """From one read of /proc/PID/status: the anonymous and file-backed resident bytes, and the process's numbers in
+    each PID namespace it is in, the host's first (NSpid; [pid] where none is shown)."""
+    resident, ids = 0, [pid]
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("Rss"):
-                name, _, rest = line.partition(":")
-                values[name] = int(rest.split()[0])
-    return values
+            if line.startswith(("RssAnon:", "RssFile:")):
+                resident += int(line.split()[1]) * 1024
+            elif line.startswith("NSpid:"):
+                ids = [int(x) for x in line.split()[1:]] or [pid]
+    return resident, ids
 
 
 def memory_fs_devices(pid: int) -> set[int]:
@@ -76,9 +80,14 @@ def _in_memory_files(pid: int, devices: set[int]) -> list[tuple[str, str]]:
 def tree_memory_bytes(root_pid: int) -> int:
     """Host memory held by ``root_pid`` and its descendants (0 once the root is gone): see the module's doc."""
     _, pages, files = _walk(root_pid)
-    rss_sum = sum(rss for rss, _ in pages.values())
-    private = sum(own for _, own in pages.values())
-    return max(rss_sum, private + sum(size for size, _ in files.values()))
+    return _held(pages, set(pages), files.values())
+
+
+def _held(pages: dict[int, tuple[int, int]], pids: set[int], files: Iterable[tuple[int, set[int]]]) -> int:
+    """The pages of ``pids`` and the sizes of ``files``: never below the plain RSS sum."""
+    rss_sum = sum(pages[p][0] for p in pids)
+    private = sum(pages[p][1] for p in pids)
+    return max(rss_sum, private + sum(size for size, _ in files))
 
 
 def candidate_memory_bytes(root_pid: int, judge_pid: int | None, runner_pid: int | None) -> int:
@@ -98,21 +107,19 @@ def candidate_memory_bytes(root_pid: int, judge_pid: int | None, runner_pid: int
     procs, pages, files = _walk(root_pid)
     judge = _judge(procs, root_pid, judge_pid)
     if judge is None:
-        return tree_memory_bytes(root_pid)
+        return _held(pages, set(pages), files.values())
     others = set(pages) - {judge}
-    rss_sum = sum(pages[p][0] for p in others)
-    private = sum(pages[p][1] for p in others)
-    runner = None
-    if runner_pid is not None:
+    if runner_pid is None:
+        theirs: set[int] = set()
+    else:
         level = len(procs[judge][1]) - 1  # the judge's namespace among each process's NSpid numbers
         runner = next((host for host, (_, ids) in procs.items() if len(ids) > level and ids[level] == runner_pid),
                       None)
         if runner is None:
-            return max(rss_sum, private + sum(size for size, _ in files.values()))
-    theirs = {runner, *(p for p in procs if _descends(procs, p, runner))} if runner is not None else set()
-    shared = sum(size for size, holders in files.values()
-                 if holders & theirs or judge not in holders or holders == {judge})
-    return max(rss_sum, private + shared)
+            return _held(pages, others, files.values())
+        theirs = {runner, *(p for p in procs if _descends(procs, p, runner))}
+    return _held(pages, others, [(size, holders) for size, holders in files.values()
+                                 if holders & theirs or judge not in holders or holders == {judge}])
 
 
 def _judge(procs: dict[int, tuple[int, list[int]]], root_pid: int, judge_pid: int | None) -> int | None:
@@ -134,18 +141,6 @@ def _descends(procs: dict[int, tuple[int, list[int]]], pid: int, ancestor: int) 
     return False
 
 
-def _nspids(pid: int) -> list[int]:
-    """``pid``'s numbers in each PID namespace it is in, the host's first (NSpid); [pid] where none is shown."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]] or [pid]
-    except (OSError, ValueError):
-        pass
-    return [pid]
-
-
 Files = dict[tuple[int, int], tuple[int, set[int]]]
 
 
@@ -164,16 +159,15 @@ def _walk(root_pid: int) -> tuple[dict[int, tuple[int, list[int]]], dict[int, tu
     files: Files = {}
     for proc in procs:  # one by one: a process that exits mid-walk must not hide the rest
         try:
-            parents[proc.pid] = (proc.ppid(), _nspids(proc.pid))
-            rss = proc.memory_info().rss
+            parent, rss = proc.ppid(), proc.memory_info().rss
         except psutil.Error:
             continue
         try:
-            kb = _status_kb(proc.pid)
-            pages[proc.pid] = (rss, (kb.get("RssAnon", 0) + kb.get("RssFile", 0)) * 1024)
+            resident, ids = _status(proc.pid)
         except (OSError, ValueError):
-            pages[proc.pid] = (rss, rss)
+            parents[proc.pid], pages[proc.pid] = (parent, [proc.pid]), (rss, rss)
             continue
+        parents[proc.pid], pages[proc.pid] = (parent, ids), (rss, resident)
         devices = memory_fs_devices(proc.pid)
         try:
             born = proc.create_time() - 1.0
