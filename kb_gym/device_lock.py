@@ -20,7 +20,9 @@ Sharing modes (``Evaluator(gpu_sharing=...)``):
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import itertools
 import os
 import tempfile
 import threading
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 SHARING_MODES = ("wait", "refuse", "off")
+_LOCAL = itertools.count()  # locks of one process alone: their pause files' names
 
 
 def lock_dir() -> Path:
@@ -63,9 +66,19 @@ class DeviceLock:
         self._quiet_path = self.path.with_suffix(".quiet") if self.path is not None else None
         self._load_fds: list[int] = []
         self._quiet_fd: int | None = None
+        # worker/neighbours.py: a measuring judge stops the device's waiting runners through these two files
+        base = self.path if self.path is not None else lock_dir() / f"local-{os.getpid()}-{next(_LOCAL)}-{device}"
+        self.pause_files = [str(base.with_suffix(".measure")), str(base.with_suffix(".unpaused"))]
 
     def hold(self) -> DeviceHold:
         return DeviceHold(self)
+
+    def close(self) -> None:
+        """Remove the pause files of a lock of this process alone (a host-wide lock's files are the host's)."""
+        if self.path is None:
+            for name in self.pause_files:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
 
     def _enter(self, exclusive: bool) -> None:
         with self._turn:
@@ -105,8 +118,8 @@ class DeviceLock:
                 self._quiet_turn.wait()
             self._loads += 1
         if self._quiet_path is not None:
-            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX)  # waits behind a quiet job
-            fd = _flock(self._quiet_path, fcntl.LOCK_SH)
+            gate = flock_file(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX)  # waits behind a quiet job
+            fd = flock_file(self._quiet_path, fcntl.LOCK_SH)
             os.close(gate)
             with self._quiet_turn:
                 self._load_fds.append(fd)
@@ -137,8 +150,8 @@ class DeviceLock:
                 self._quiet_turn.notify_all()  # loads held back by this wait go on if it ends here
             self._quiet_held = True
         if self._quiet_path is not None:
-            gate = _flock(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX, deadline)  # new loads wait
-            fd = _flock(self._quiet_path, fcntl.LOCK_EX, deadline) if gate is not None else None
+            gate = flock_file(self._quiet_path.with_suffix(".gate"), fcntl.LOCK_EX, deadline)  # new loads wait
+            fd = flock_file(self._quiet_path, fcntl.LOCK_EX, deadline) if gate is not None else None
             if gate is not None:
                 os.close(gate)
             if fd is None:  # loads of another process outlasted the wait
@@ -176,9 +189,9 @@ class DeviceHold:
         self.lock._enter(exclusive)
         try:
             if self.lock.path is not None:
-                gate = _flock(self.lock.path.with_suffix(".gate"), fcntl.LOCK_EX)
+                gate = flock_file(self.lock.path.with_suffix(".gate"), fcntl.LOCK_EX)
                 try:
-                    self._fd = _flock(self.lock.path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                    self._fd = flock_file(self.lock.path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
                 finally:
                     os.close(gate)
         except BaseException:
@@ -196,7 +209,7 @@ class DeviceHold:
         self.mode = None
 
 
-def _flock(path: Path, how: int, deadline: float | None = None) -> int | None:
+def flock_file(path: Path, how: int, deadline: float | None = None) -> int | None:
     """An open descriptor holding ``flock(how)`` on ``path``; None where ``deadline`` (time.monotonic()) passed
     first."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)

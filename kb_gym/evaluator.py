@@ -211,6 +211,8 @@ class Evaluator(EvaluationAPI):
             t.join(timeout=30)
         for handle in self._workers:
             handle.shutdown()
+        for lock in {id(h.device_lock): h.device_lock for h in self._workers if h.device_lock is not None}.values():
+            lock.close()
         if self._claim is not None:
             self._claim.release()
 

@@ -198,6 +198,11 @@ def _all_threads_in(pid: int, states: tuple[str | None, ...]) -> bool:
     return all(_state(f"{pid}/task/{tid}") in states for tid in tids)
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie has)."""
+    return _state(pid) not in ("Z", "X", None)
+
+
 def _state(pid: int | str) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:

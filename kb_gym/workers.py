@@ -240,6 +240,8 @@ class WorkerHandle:
         lock = self.device_lock
         if lock is not None:
             job = {**job, "device_lock": True}
+            if os.environ.get("KB_GYM_NEIGHBOUR_PAUSE", "1") != "0":  # its runner stopped while another job measures
+                job["pause_files"] = lock.pause_files  # the device, and theirs while it does (worker/neighbours.py)
         held_since: list[float] = []
         hold = lock.hold() if lock is not None else None
         # A baseline-only job is timed with no candidate loading beside it; a candidate's job counts as loading

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import build_cache, pch, triton_cache
+from kb_gym.worker import build_cache, neighbours, pch, triton_cache
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
@@ -85,6 +85,8 @@ class WorkerContext:
         self.probe_restarts = 0
         self.harness_shares: dict[Any, Any] = {}  # probe_check.SpareReading per problem and path: the lowest share's
         self.output_bytes: dict[tuple[str, str], int] = {}  # (problem code, dtype): output_size's estimate
+        # the job's runner stopped while another judge measures the device and this job does not hold it
+        self.watcher: neighbours.PauseWatcher | None = None
 
     def usable_probe(self) -> ProbeClock | None:
         """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
@@ -113,8 +115,14 @@ class WorkerContext:
         stages that run on it, correctness and timing, take turns; loading and compiling do not).
         ``exclusive=False``: held beside other judges' stages that measure nothing, never beside a measurement
         (device_lock.py); asked again, the hold changes mode."""
+        if self.watcher is not None:  # the runner waits with the job: paused for the device's measurements meanwhile
+            self.watcher.watch()
         self.send({"type": "acquire", "exclusive": exclusive})
         granted = self.receive() if self.receive is not None else None
+        if self.watcher is not None:
+            self.watcher.unwatch()
+            if self.watcher.verdict:
+                raise StageError("runtime_error", self.watcher.verdict)
         if not granted or granted.get("type") != "granted":
             raise StageError("crash", f"expected the device grant from the evaluator, got {granted!r}", restart=True)
 
@@ -229,18 +237,27 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     try:
         _pipeline(ctx, job, job_dir, result, state)
     except StageError as exc:
-        result.update(status=exc.status, error=exc.message)
-        result["flags"] += [f for f in exc.flags if f not in result["flags"]]
-        if exc.status in ("crash", "timeout") and "runner" in state:
+        failure = exc
+        watcher = state.get("watcher")
+        if watcher is not None and watcher.verdict:  # killed while paused for a neighbour: whatever failed after
+            failure = StageError("runtime_error", watcher.verdict)
+        result.update(status=failure.status, error=failure.message)
+        result["flags"] += [f for f in failure.flags if f not in result["flags"]]
+        if failure.status in ("crash", "timeout") and "runner" in state:
             result["failed_stage"] = state.get("stage", "load")
-        if exc.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
+        if failure.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
             result["restart"] = sticky_cuda_error(ctx.device)
-        if exc.status == "runtime_error" and OUT_OF_DEVICE_MEMORY in exc.message:
+        if failure.status == "runtime_error" and OUT_OF_DEVICE_MEMORY in failure.message:
             result["device_oom"] = "runner"  # the evaluator runs it again with the device to itself (device_turns)
     except Exception as exc:  # noqa: BLE001 - the judge's own failure: report it, start a fresh judge
         _judge_failed(result, exc)
     finally:
         teardown = time.perf_counter()
+        watcher = state.pop("watcher", None)
+        ctx.watcher = None
+        if watcher is not None:
+            watcher.unwatch()
+            result["stage_seconds"]["paused_for_neighbours"] = watcher.paused_s
         runner = state.pop("runner", None)
         if runner is not None:
             calibration = state.get("calibration")
@@ -271,10 +288,14 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
         after_exit = state.pop("after_exit", None)
         if after_exit is not None and "status" not in result:  # a timing verdict waiting for the tree to be gone
+            measuring = neighbours.Measuring(neighbours.pause_files(job))  # a reading: the neighbours stopped
             try:
+                measuring.begin()
                 after_exit(bool(state.get("runner_gone")))
             except Exception as exc:  # noqa: BLE001 - the judge's own failure, as in the pipeline
                 _judge_failed(result, exc)
+            finally:
+                measuring.end()
         state.clear()
         ctx.jobs_done += 1
         _cleanup(ctx, job_dir, result)
@@ -383,6 +404,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner = ctx.pool.take()
         state["runner"] = runner
         ctx.send({"type": "runner", "pid": runner.pid})  # whose memory the watchdog holds against the limit
+        files = neighbours.pause_files(job)
+        if files is not None:  # stopped from now until the device is granted, whenever another judge measures it
+            ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner)
+            ctx.watcher.watch()
         own_clock = runner.cpu_clock and bool(cfg["timing"])  # the CPU clock's harness, read in this very process
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
@@ -461,11 +486,14 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     t0 = time.perf_counter()
     timed_from = time.time()  # wall clock: the judges of one host compare their timing stages (device_timeline.py)
     deadline = _deadline(cfg, "timing")  # settling, calibration and the loop share it
-    # The spare finishes starting before the loop: a process importing torch beside it would take CPU
-    # time from the host side of every timed call.
-    spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
-    result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0
+    measuring = neighbours.Measuring(neighbours.pause_files(job))  # the device's waiting runners stopped meanwhile
     try:
+        measuring.begin()
+        result["stage_seconds"]["neighbour_pause_wait"] = measuring.waited_s
+        # The spare finishes starting before the loop: a process importing torch beside it would take CPU
+        # time from the host side of every timed call.
+        spare = ctx.pool.pristine(timeout=max(1.0, 0.25 * (deadline - time.monotonic()))) if ctx.pool else None
+        result["stage_seconds"]["spare_wait"] = time.perf_counter() - t0 - measuring.waited_s
         if state.get("runner") is not None:
             state["chunk_bytes"] = timed_chunk_bytes(job["config"], state, result)
             began = time.perf_counter()
@@ -475,6 +503,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             result["stage_seconds"]["calibration"] = time.perf_counter() - began
         timing_stage(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     finally:  # a timing cut short by a verdict still held the device
+        measuring.end()
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
     if shared and state.get("after_exit") is None:  # a reading after the exit is a measurement: still exclusive

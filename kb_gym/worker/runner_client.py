@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,6 +88,11 @@ class RunnerProcess:
         # off by default: honest candidates were charged, docs/integrity.md round 25)
         self.cpu_clock = self.torch_device.type == "cpu" and cpu_clock.enabled()
         self.stage = "load"
+        # Two parties stop the tree: the judge (``frozen``) and, while the job waits for its device, the pause for a
+        # neighbour's measurement (neighbours.py). Counted, so that the one done first never resumes it under the other.
+        self._stops = 0
+        self._stopped: set[int] = set()
+        self._stop_lock = threading.Lock()
         self.started = time.monotonic()
         self.started_wall = time.time()  # the runner's "ready" carries its own wall clock (one host)
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
@@ -586,7 +592,7 @@ class RunnerProcess:
         too (before the judge reads files the runner may be writing). A tree that ran while held (it used CPU
         or started a process: sandbox.ran_between) is the candidate's StageError when the context ends, with
         ``refuse=False`` too: nothing measured or copied meanwhile may be kept."""
-        procs = sandbox.freeze_tree(self.pid)
+        procs = self.stop()
         try:
             still = not sandbox.unstopped(procs, settle, asleep_is_stopped)
             if not still and refuse:
@@ -598,7 +604,24 @@ class RunnerProcess:
             if still and sandbox.ran_between(before, sandbox.tree_usage(self.pid)):
                 raise StageError("runtime_error", RAN_WHILE_STOPPED)
         finally:
-            sandbox.thaw(procs)
+            self.resume()
+
+    def stop(self) -> list[int]:
+        """SIGSTOP the tree (sandbox.freeze_tree) for one holder; the pids stopped. Each ``stop`` needs a ``resume``:
+        the tree runs again only once every holder has resumed it."""
+        with self._stop_lock:
+            procs = sandbox.freeze_tree(self.pid)
+            self._stops += 1
+            self._stopped.update(procs)
+            return procs
+
+    def resume(self) -> None:
+        with self._stop_lock:
+            self._stops -= 1
+            if self._stops <= 0:
+                self._stops = 0
+                sandbox.thaw(sorted(self._stopped))
+                self._stopped.clear()
 
     def _drop_device_payload(self) -> None:
         if self.device_payload is not None:

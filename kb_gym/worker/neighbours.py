@@ -1,0 +1,200 @@
+"""A device's measurements with its neighbours' runners stopped.
+
+Loading and compiling run outside the device lock, so that they overlap another job's timing (workers.py,
+device_lock.py). But a loading candidate's import is its own code: it can launch kernels on the GPU, or keep the host's
+cores busy, while another judge times an honest sibling on the same device. The probe check cannot tell whose context
+a gap is (round 24), so such a neighbour voided or charged the sibling's pass: no speed credit for it, and in a GRPO
+group a candidate that lowers its siblings' rewards raises its own advantage. The same holds for a job that waits for
+the device with its runner alive (after its load, or between shared stages).
+
+So every job whose runner is alive while it does not hold its device is watched (``PauseWatcher``), and a judge that
+measures (the timing stage; a reading after a candidate's exit) first stops every watched runner of the device
+(``Measuring``). Two lock files per device do it, across judges and across Evaluators of one host, beside the device
+lock's own (``job["pause_files"]``, from ``DeviceLock.pause_files``):
+
+- ``measure``: a measuring judge holds it exclusively for the measurement. A watcher sees it taken (a non-blocking
+  shared try, every POLL_S) and stops its runner's whole tree, as ``RunnerProcess.frozen`` does;
+- ``unpaused``: each watcher holds it shared while its runner may run. The measuring judge takes it exclusively, so it
+  begins only once every watched runner of the device is stopped (at most WAIT_S; past that it measures as before,
+  and says so in ``stage_seconds["neighbour_pause_wait"]``). A job about to start its watch waits out a measurement
+  in progress first: its candidate does not begin to load beside one.
+
+A stopped tree is watched while it is paused: one that runs all the same (a timer that sends it SIGCONT) or does not
+stop within SETTLE_S is killed at once, and that is its verdict (``runtime_error``): it ran beside another candidate's
+measurement. Its work in those few milliseconds is what the probe check reads as another context's, and the
+measurement's next pass has no neighbour left. GPU work queued before the stop still runs; the probe check's quiet
+interval looks for it.
+
+What it costs: a measurement waits for the watchers' next look (POLL_S) and their stops; a paused candidate's load
+(its compiler too, which is part of its tree) waits for the measurement, and its load limit keeps running meanwhile.
+Without Landlock confining reads, a candidate could open the lock files itself, as it could the device lock's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kb_gym import sandbox
+from kb_gym.device_lock import flock_file
+
+POLL_S = 0.01  # a watcher's look at the measure file: what a measurement waits for at least
+RAN_POLL_S = 0.05  # a paused tree's CPU use read this often (each read is every thread's schedstat)
+WAIT_S = 5.0  # a measurement's wait for every watched runner to stop
+SETTLE_S = 2.0  # as RunnerProcess.frozen's: nothing honest spends seconds in one system call while it loads
+RAN_WHILE_PAUSED = ("the candidate's processes ran while they were stopped for another candidate's measurement on "
+                    "the same device (something resumed them): killed")
+NOT_PAUSED = ("the candidate's processes did not stop within {:g} s for another candidate's measurement on the same "
+              "device: killed")
+
+
+def pause_files(job: dict[str, Any]) -> tuple[Path, Path] | None:
+    """The device's ``measure`` and ``unpaused`` files the evaluator named in the job; None where it named none
+    (one worker and no other Evaluator on the device: no neighbours)."""
+    files = job.get("pause_files")
+    if isinstance(files, list) and len(files) == 2 and all(isinstance(f, str) and f for f in files):
+        return Path(files[0]), Path(files[1])
+    return None
+
+
+def _held_elsewhere(path: Path, fd: int) -> bool:
+    """Whether another descriptor holds ``path`` exclusively (a shared try on ``fd`` fails); never blocks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+class Measuring:
+    """A judge's measurement with the device's watched runners stopped: ``begin`` before it, ``end`` after."""
+
+    def __init__(self, files: tuple[Path, Path] | None) -> None:
+        self.files = files
+        self._fds: list[int] = []
+        self.waited_s = 0.0
+
+    def begin(self, wait: float = WAIT_S) -> bool:
+        """Whether every watched runner of the device stopped within ``wait`` seconds (True where there are none).
+        Held until ``end`` either way: runners that stop later stay stopped."""
+        if self.files is None or self._fds:
+            return True
+        began = time.monotonic()
+        deadline = began + wait
+        measure, unpaused = self.files
+        fd = flock_file(measure, fcntl.LOCK_EX, deadline)  # only measuring judges take it: the device lock is theirs
+        if fd is not None:
+            self._fds.append(fd)
+            fd = flock_file(unpaused, fcntl.LOCK_EX, deadline)
+            if fd is not None:
+                self._fds.append(fd)
+        self.waited_s = time.monotonic() - began
+        return len(self._fds) == 2
+
+    def end(self) -> None:
+        for fd in reversed(self._fds):  # ``unpaused`` first: a watcher resumes once ``measure`` is free
+            os.close(fd)
+        self._fds = []
+
+
+class PauseWatcher:
+    """Stops ``runner``'s tree while another judge measures the device (module docstring). ``watch`` while the job
+    does not hold its device, ``unwatch`` once it does; ``verdict`` says why the runner was killed, if it was."""
+
+    def __init__(self, files: tuple[Path, Path], runner: Any) -> None:
+        self.measure, self.unpaused = files
+        self.runner = runner
+        self.verdict = ""
+        self.paused_s = 0.0
+        self.pauses = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unpaused_fd: int | None = None
+        self._look_fd: int | None = None
+
+    def watch(self) -> None:
+        """Start watching; waits out a measurement in progress first (the runner runs nothing of the candidate's
+        beside it)."""
+        if self._thread is not None or self.verdict:
+            return
+        os.close(flock_file(self.measure, fcntl.LOCK_SH))
+        self._unpaused_fd = flock_file(self.unpaused, fcntl.LOCK_SH)
+        self._look_fd = os.open(self.measure, os.O_RDWR | os.O_CREAT, 0o666)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="kb-gym-pause-watcher", daemon=True)
+        self._thread.start()
+
+    def unwatch(self) -> None:
+        """Stop watching: the runner runs again (if it was paused) and the measurers no longer wait for it."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        for fd in (self._unpaused_fd, self._look_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._unpaused_fd = self._look_fd = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if _held_elsewhere(self.measure, self._look_fd):
+                self._pause()
+
+    def _pause(self) -> None:
+        """Stop the tree, let the measurement begin, and resume once it is over (or the job stops watching)."""
+        began = time.monotonic()
+        self.pauses += 1
+        procs = self.runner.stop()
+        try:
+            if sandbox.unstopped(procs, SETTLE_S):
+                self._kill(NOT_PAUSED.format(SETTLE_S))
+                return
+            usage = sandbox.tree_usage(self.runner.pid)
+            os.close(self._unpaused_fd)
+            self._unpaused_fd = None
+            looked = time.monotonic()
+            while not self._stop.is_set():
+                if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
+                    looked = time.monotonic()
+                    if sandbox.ran_between(usage, sandbox.tree_usage(self.runner.pid)):
+                        # a runner the judge killed meanwhile (its load's time was up) lost its processes: no verdict
+                        self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
+                        return
+                if not _held_elsewhere(self.measure, self._look_fd) and self._rejoin():
+                    return
+                time.sleep(POLL_S)
+        finally:
+            self.runner.resume()
+            self.paused_s += time.monotonic() - began
+
+    def _rejoin(self) -> bool:
+        """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""
+        fd = os.open(self.unpaused, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        if _held_elsewhere(self.measure, self._look_fd):  # one began meanwhile and waits for this runner
+            os.close(fd)
+            return False
+        self._unpaused_fd = fd
+        return True
+
+    def _kill(self, why: str) -> None:
+        """End the tree (``why``, its verdict; "" where it is gone already) and stop holding ``unpaused``."""
+        self.verdict = why
+        self._stop.set()
+        if why:
+            sandbox.kill_tree(self.runner.pid)
+        if self._unpaused_fd is not None:
+            os.close(self._unpaused_fd)
+            self._unpaused_fd = None
