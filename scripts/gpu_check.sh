@@ -50,7 +50,7 @@ ADVERSARIAL_GROUPS=(
   "$A/test_redteam_round18.py $A/test_redteam_round19.py $A/test_redteam_round20.py $A/test_redteam_round21.py"
   "$A/test_redteam_round22.py $A/test_shared_payload.py"
   "$A/test_scratch_disk.py $A/test_runtime_checks.py"
-  "$A/test_audit.py $A/test_faults.py"
+  "$A/test_audit.py $A/test_faults.py $A/test_neighbour_pause.py"
   "$A/test_soak.py"
 )
 
