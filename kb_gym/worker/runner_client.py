@@ -329,7 +329,7 @@ class RunnerProcess:
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
              check_mutation: bool = False, target: str = "candidate", chunk_bytes: int = 0,
              knockout: bool = False, dataflow: dict[str, Any] | None = None,
-             marks: Callable[[], int | None] | None = None) -> CallReply:
+             marks: Callable[[], int | None] | None = None, window_at_done: bool = False) -> CallReply:
         """One forward on the problem's inputs for ``seed``; the outputs come back as plain tensors, or with
         ``chunk_bytes`` (timed calls) as SampledOutputs: chunks drawn after "done" (spot_check.py). ``knockout``:
         the candidate's own kernels do nothing in this forward (launches.py); ``dataflow`` (phase, atol, rtol): the
@@ -339,11 +339,15 @@ class RunnerProcess:
         whole outputs received, decoded and copied (the runner hashes nothing: what it computes until then is in the
         window), or the drawn chunks received and copied to the judge's host (their hashes, sent with "done",
         commit the whole: they come as DrawnChunks, checked against them once the probe has stopped,
-        ``spot_check.verified``)."""
+        ``spot_check.verified``). ``window_at_done`` (the wall check, on the judge's host clock): the second mark is
+        read at "done", which commits the outputs (hashed, whole or in chunks), so the window holds no copy of them
+        to the judge: on an H100 the drawn chunks' copies of a 151 MB output made a call's span ~135 ms beyond its
+        forward, varying by more than the claim."""
         nonce = int.from_bytes(os.urandom(7), "little")
         if self.payload is not None and not (timed and chunk_bytes) and payload.SHM_MIN_BYTES <= byte_limit < 1 << 40:
             self.payload.reserve(byte_limit)  # the whole outputs may come through the memfd: sized by the judge
-        whole_probe = marks is not None and not (timed and chunk_bytes)
+        at_done = window_at_done and marks is not None
+        whole_probe = marks is not None and not (timed and chunk_bytes) and not at_done
         before = marks() if marks is not None else None
         cpu_before = cpu_clock.settled(self.pid) if timed and self.cpu_clock else None
         t0 = time.perf_counter()
@@ -354,7 +358,8 @@ class RunnerProcess:
         msg = self._read(timeout)
         envelope = (time.perf_counter() - t0) * 1e3
         cpu = None  # the tree's CPU time: read once the outputs are here and the runner is idle again
-        window = None  # the probe's marks: the second once the outputs are the judge's (never raises)
+        # the probe's marks: the second once the outputs are the judge's, or at "done" (never raises)
+        window = self._window(before, marks) if at_done else None
         if msg.get("type") == "error":
             status = str(msg.get("status", "runtime_error"))
             raise StageError(status if status in ("runtime_error", "incorrect", "compile_error") else "runtime_error",
@@ -366,7 +371,7 @@ class RunnerProcess:
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
             if timed and chunk_bytes:
                 sampled = self._sampled(msg, nonce, chunk_bytes, timeout, defer=marks is not None)
-                if marks is not None:
+                if marks is not None and not at_done:
                     window = self._window(before, marks)
                 if cpu_before is not None:
                     cpu = cpu_clock.window(cpu_before, cpu_clock.settled(self.pid))

@@ -56,7 +56,6 @@ from kb_gym.worker.probe_check import (
     _checked,
     _chosen,
     _Mismatch,
-    _timed,
     wait_ready,
 )
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
@@ -151,6 +150,15 @@ def _one_pass(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[
     reading.by_wall = reading.charged_ms > 0
     reading.seconds = {"spare": round(spare_s, 3), "pass": round(time.perf_counter() - began, 3)}
     return reading
+
+
+def _timed(clock: Callable[[], int], process: RunnerProcess, seed: int, target: str, device: torch.device,
+           call: dict[str, Any], timeout: Callable[[], float]) -> CallReply:
+    """One unshielded, unflushed call (probe mode) spanned on the host clock from the seed's sending to its "done":
+    the outputs are committed there, so their copy to the judge (whose cost varied by more than a claim) is outside
+    the span, for the spare's calls and the candidate's alike."""
+    torch.cuda.synchronize(device)
+    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=clock, window_at_done=True, **call)
 
 
 def _quiet(probe: ProbeClock | None, device: torch.device) -> str:

@@ -164,7 +164,7 @@ class FakeRunner:
         self.device.busy([self.forward])
 
     def call(self, seed: int, *, timeout: float, timed: bool, target: str, marks, byte_limit: int = 0,
-             chunk_bytes: int = 0, widen: bool = False) -> CallReply:
+             chunk_bytes: int = 0, widen: bool = False, window_at_done: bool = False) -> CallReply:
         self.calls += 1
         before = marks()
         self.device.busy([self.harness / 2])  # inputs built
@@ -179,8 +179,12 @@ class FakeRunner:
         else:
             self.candidate_forward()
             event, shield = self.forward if self.claim is None else self.claim, None
-        self.device.busy([self.harness / 2])  # outputs copied out
-        after = marks()
+        if window_at_done:  # the window ends at "done" (the wall check): the outputs' copy comes after it
+            after = marks()
+            self.device.busy([self.harness / 2])
+        else:
+            self.device.busy([self.harness / 2])  # outputs copied out
+            after = marks()
         out = torch.full((4,), float(seed % 1000) + (1.0 if self.wrong else 0.0))
         return CallReply(outputs=out, event_ms=event, window=(before, after), shield_ms=shield)
 
