@@ -314,6 +314,10 @@ class WorkerHandle:
                 stage = str(msg.get("stage"))
                 stage_started = time.monotonic()
                 continue
+            if msg.get("type") == "paused" and isinstance(msg.get("seconds"), (int, float)):
+                # its runner stopped for another job's measurement (worker/neighbours.py): not this stage's time
+                stage_started += min(max(float(msg["seconds"]), 0.0), stage_limits.get(stage, 300.0))
+                continue
             if msg.get("type") == "runner" and isinstance(msg.get("pid"), int):
                 self.runner_pid = msg["pid"]
                 continue

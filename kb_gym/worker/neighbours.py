@@ -26,7 +26,9 @@ measurement's next pass has no neighbour left. GPU work queued before the stop s
 interval looks for it.
 
 What it costs: a measurement waits for the watchers' next look (POLL_S) and their stops; a paused candidate's load
-(its compiler too, which is part of its tree) waits for the measurement, and its load limit keeps running meanwhile.
+(its compiler too, which is part of its tree) waits for the measurement. The time paused is not the candidate's: its
+load's deadline moves by it, in the judge (``paused_s``) and in the evaluator (a "paused" message, ``on_paused``),
+so a neighbour that makes its own timing stage long cannot run an honest sibling's load out of its time.
 Without Landlock confining reads, a candidate could open the lock files itself, as it could the device lock's.
 """
 
@@ -37,6 +39,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +110,14 @@ class PauseWatcher:
     """Stops ``runner``'s tree while another judge measures the device (module docstring). ``watch`` while the job
     does not hold its device, ``unwatch`` once it does; ``verdict`` says why the runner was killed, if it was."""
 
-    def __init__(self, files: tuple[Path, Path], runner: Any) -> None:
+    def __init__(self, files: tuple[Path, Path], runner: Any,
+                 on_paused: Callable[[float], None] | None = None) -> None:
         self.measure, self.unpaused = files
         self.runner = runner
+        self.on_paused = on_paused  # told each pause's seconds, from the watcher's thread
         self.verdict = ""
-        self.paused_s = 0.0
+        self.paused_s = 0.0  # pauses over
+        self._pause_began: float | None = None  # the pause going on, if one is
         self.pauses = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,6 +149,11 @@ class PauseWatcher:
                     os.close(fd)
         self._unpaused_fd = self._look_fd = None
 
+    def paused_seconds(self) -> float:
+        """How long the runner has been stopped for measurements so far, the pause going on included."""
+        began = self._pause_began
+        return self.paused_s + (time.monotonic() - began if began is not None else 0.0)
+
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
             if _held_elsewhere(self.measure, self._look_fd):
@@ -150,7 +161,7 @@ class PauseWatcher:
 
     def _pause(self) -> None:
         """Stop the tree, let the measurement begin, and resume once it is over (or the job stops watching)."""
-        began = time.monotonic()
+        began = self._pause_began = time.monotonic()
         self.pauses += 1
         procs = self.runner.stop()
         try:
@@ -173,7 +184,12 @@ class PauseWatcher:
                 time.sleep(POLL_S)
         finally:
             self.runner.resume()
-            self.paused_s += time.monotonic() - began
+            paused = time.monotonic() - began
+            self.paused_s += paused
+            self._pause_began = None
+            if self.on_paused is not None:
+                with contextlib.suppress(OSError):
+                    self.on_paused(paused)
 
     def _rejoin(self) -> bool:
         """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""

@@ -258,6 +258,21 @@ class RunnerProcess:
                                         f"for the {timeout:.0f} s left of it)")
         return msg
 
+    def _read_unpaused(self, timeout: float, paused: Callable[[], float]) -> dict[str, Any]:
+        """``_read``, with ``timeout`` counted in the time the runner was not paused."""
+        deadline, seen = time.monotonic() + timeout, paused()
+        while True:
+            try:
+                msg = self.reader.read(max(0.0, deadline - time.monotonic()))
+            except ProtocolError as exc:
+                raise self._died(str(exc)) from None
+            if msg is not None:
+                return msg
+            now_paused = paused()
+            if now_paused <= seen:
+                return self._read(0.0)  # its time is up: the timeout verdict, as _read gives it
+            deadline, seen = deadline + now_paused - seen, now_paused
+
     def _expect(self, kind: str, timeout: float) -> dict[str, Any]:
         msg = self._read(timeout)
         if msg.get("type") != kind:
@@ -311,12 +326,15 @@ class RunnerProcess:
         self.device_payloads = self.shm_payloads = 0
         self.payload_seconds = {part: [] for part in PAYLOAD_PARTS}
 
-    def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
+    def load(self, source: str, init_seed: int, timeout: float,
+             paused: Callable[[], float] | None = None) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
         builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,
-        checked against pch.VARIANTS wherever they are acted on."""
+        checked against pch.VARIANTS wherever they are acted on. ``paused``: the seconds the runner has been
+        stopped for other candidates' measurements so far (neighbours.py); the wait's deadline moves by what
+        they add."""
         self._send({"type": "load", "source": source, "init_seed": init_seed})
-        reply = self._read(timeout)
+        reply = self._read(timeout) if paused is None else self._read_unpaused(timeout, paused)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
         self.pch = pch_record(reply.get("pch"))

@@ -1,0 +1,143 @@
+"""The pause of a device's waiting runners for a measurement (kb_gym/worker/neighbours.py), on plain processes.
+
+The Evaluator-level behaviour (a loading candidate stopped through its siblings' timing, one that resumes itself
+killed) is in tests/adversarial/test_neighbour_pause.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kb_gym import sandbox
+from kb_gym.worker import neighbours
+from kb_gym.worker.loading import StageError
+from kb_gym.worker.runner_client import RunnerProcess
+
+BUSY = "import time\nwhile True:\n    time.perf_counter()\n"
+
+
+class Tree:
+    """What PauseWatcher needs of a runner: a pid and counted stops, as RunnerProcess has them."""
+
+    stop = RunnerProcess.stop
+    resume = RunnerProcess.resume
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", BUSY])
+        self.pid = self.proc.pid
+        self._stops, self._stopped, self._stop_lock = 0, set(), threading.Lock()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def files(tmp_path):
+    return tmp_path / "gpu-0.measure", tmp_path / "gpu-0.unpaused"
+
+
+def _cpu_s(pid: int) -> float:
+    return sandbox.tree_usage(pid).cpu_ns / 1e9
+
+
+def test_a_waiting_runner_is_stopped_for_a_measurement_and_runs_again_after(files):
+    tree = Tree()
+    told: list[float] = []
+    watcher = neighbours.PauseWatcher(files, tree, on_paused=told.append)
+    try:
+        watcher.watch()
+        time.sleep(0.2)
+        measuring = neighbours.Measuring(files)
+        assert measuring.begin(wait=5.0)  # only once the watched tree is stopped
+        before = _cpu_s(tree.pid)
+        time.sleep(0.5)
+        assert _cpu_s(tree.pid) - before < 0.005  # it used no CPU through the measurement
+        assert 0.4 < watcher.paused_seconds() < 2.0  # the pause going on counts
+        measuring.end()
+        time.sleep(0.3)
+        assert _cpu_s(tree.pid) - before > 0.1  # it runs again
+        assert watcher.pauses == 1 and not watcher.verdict
+        assert len(told) == 1 and 0.4 < told[0] < 2.0 and watcher.paused_s == pytest.approx(told[0])
+    finally:
+        watcher.unwatch()
+        tree.close()
+
+
+def test_a_watch_that_begins_during_a_measurement_waits_for_its_end(files):
+    measuring = neighbours.Measuring(files)
+    assert measuring.begin()  # no watcher yet: nothing to wait for
+    tree = Tree()
+    watcher = neighbours.PauseWatcher(files, tree)
+    began = time.monotonic()
+    threading.Timer(0.4, measuring.end).start()
+    try:
+        watcher.watch()  # the judge would send the candidate to its runner only after this
+        assert time.monotonic() - began >= 0.35
+    finally:
+        watcher.unwatch()
+        tree.close()
+
+
+def test_without_watchers_a_measurement_waits_for_nothing(files):
+    measuring = neighbours.Measuring(files)
+    began = time.monotonic()
+    assert measuring.begin() and time.monotonic() - began < 0.1
+    measuring.end()
+    assert neighbours.Measuring(None).begin()  # no pause files: no neighbours
+
+
+def test_a_stopped_tree_that_runs_is_killed_with_its_verdict(files):
+    tree = Tree()
+    watcher = neighbours.PauseWatcher(files, tree)
+    try:
+        watcher.watch()
+        measuring = neighbours.Measuring(files)
+        assert measuring.begin(wait=5.0)
+        sandbox.thaw([tree.pid])  # what a timer sending it SIGCONT does
+        tree.proc.wait(timeout=5)
+        assert "ran while they were stopped" in watcher.verdict
+        measuring.end()
+    finally:
+        watcher.unwatch()
+        tree.close()
+
+
+class _Reader:
+    """Gives its message once ``at`` seconds have passed on the monotonic clock."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def read(self, timeout: float):
+        wait = self.at - time.monotonic()
+        if wait > timeout:
+            time.sleep(timeout)
+            return None
+        time.sleep(max(0.0, wait))
+        return {"type": "loaded"}
+
+
+class _Runner:
+    _read_unpaused = RunnerProcess._read_unpaused
+    stage = "load"
+
+    def __init__(self, at: float) -> None:
+        self.reader = _Reader(at)
+
+    def _read(self, timeout: float):
+        raise StageError("timeout", "its time is up")
+
+
+def test_a_loads_time_limit_leaves_out_the_time_its_runner_was_paused():
+    paused = {"s": 0.0}
+    runner = _Runner(time.monotonic() + 0.6)
+    threading.Timer(0.1, lambda: paused.update(s=0.5)).start()  # stopped 0.5 s for another's measurement
+    assert runner._read_unpaused(0.3, lambda: paused["s"]) == {"type": "loaded"}
+    with pytest.raises(StageError, match="time is up"):  # with no pause, the same wait ends at its limit
+        _Runner(time.monotonic() + 0.6)._read_unpaused(0.3, lambda: 0.0)
