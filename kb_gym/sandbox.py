@@ -157,14 +157,15 @@ def freeze_tree(pid: int) -> list[int]:
     return sorted(stopped)
 
 
-def unstopped(pids: list[int], timeout: float = 1.0, asleep_is_stopped: bool = True) -> list[int]:
+def unstopped(pids: list[int], timeout: float = 1.0, asleep_is_stopped: bool = True,
+              also: tuple[str, ...] = ()) -> list[int]:
     """Those of ``pids`` with a thread still running after ``timeout``. SIGSTOP lands when a thread next
     leaves the kernel, so one inside a long system call (a write, a MAP_POPULATE of 16 GB: ~0.5 s) runs on
     after os.kill returns; and a process's state in /proc/PID/stat is its first thread's only. A thread asleep
     (S) counts as stopped unless ``asleep_is_stopped`` is False: it uses no CPU, and when it wakes it stops
     before running anything of its own (an idle runner, asleep in its read, would otherwise cost each freeze a
     trip through the scheduler); but a system call it sleeps in may still finish first (a write)."""
-    done = ("T", "t", "Z", "X", None) + (("S", "I") if asleep_is_stopped else ())
+    done = ("T", "t", "Z", "X", None) + (("S", "I") if asleep_is_stopped else ()) + also  # ``also``: more states
     deadline = time.monotonic() + timeout
     pause = 1e-4
     pending = list(pids)

@@ -19,11 +19,14 @@ lock's own (``job["pause_files"]``, from ``DeviceLock.pause_files``):
   and says so in ``stage_seconds["neighbour_pause_wait"]``). A job about to start its watch waits out a measurement
   in progress first: its candidate does not begin to load beside one.
 
-A stopped tree is watched while it is paused: one that runs all the same (a timer that sends it SIGCONT) or does not
-stop within SETTLE_S is killed at once, and that is its verdict (``runtime_error``): it ran beside another candidate's
-measurement. Its work in those few milliseconds is what the probe check reads as another context's, and the
-measurement's next pass has no neighbour left. GPU work queued before the stop still runs; the probe check's quiet
-interval looks for it.
+A stopped tree is watched while it is paused: one that runs all the same (a timer that sends it SIGCONT) is killed at
+once, and that is its verdict (``runtime_error``): it ran beside another candidate's measurement. Its work in those
+few milliseconds is what the probe check reads as another context's, and the measurement's next pass has no
+neighbour left. The stop is read as RunnerProcess.frozen reads it, but leniently: a loading tree is busy (a compiler
+reading headers, a GPU driver's threads), so a thread asleep in the kernel, even uninterruptibly, counts as stopped
+(it runs nothing of its own until it leaves, and then stops), and a tree not seen stopped within SETTLE_S is not
+killed for that; it is killed where it used more than RAN_NS of CPU, or started a process, while paused. GPU work
+queued before the stop still runs; the probe check's quiet interval looks for it.
 
 What it costs: a measurement waits for the watchers' next look (POLL_S) and their stops; a paused candidate's load
 (its compiler too, which is part of its tree) waits for the measurement. The time paused is not the candidate's: its
@@ -49,11 +52,13 @@ from kb_gym.device_lock import flock_file
 POLL_S = 0.01  # a watcher's look at the measure file: what a measurement waits for at least
 RAN_POLL_S = 0.05  # a paused tree's CPU use read this often (each read is every thread's schedstat)
 WAIT_S = 5.0  # a measurement's wait for every watched runner to stop
-SETTLE_S = 2.0  # as RunnerProcess.frozen's: nothing honest spends seconds in one system call while it loads
+SETTLE_S = 2.0  # the longest a measurement waits for a tree's running threads to stop (one in a long system call)
+# CPU a paused tree may still use: a system call's tail as a thread that was asleep in it wakes (a compiler's read)
+# and stops; round 5's SIGCONT timer spends all of a poll's 50 ms
+RAN_NS = 20_000_000
+RAN_TICKS = 5
 RAN_WHILE_PAUSED = ("the candidate's processes ran while they were stopped for another candidate's measurement on "
                     "the same device (something resumed them): killed")
-NOT_PAUSED = ("the candidate's processes did not stop within {:g} s for another candidate's measurement on the same "
-              "device: killed")
 
 
 def pause_files(job: dict[str, Any]) -> tuple[Path, Path] | None:
@@ -73,6 +78,13 @@ def _held_elsewhere(path: Path, fd: int) -> bool:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
     return False
+
+
+def _ran(before: sandbox.TreeUsage, after: sandbox.TreeUsage) -> bool:
+    """Whether a paused tree ran: more CPU than a system call's tail, or a process it did not have. (One it lost is
+    not counted: a thread that had not yet stopped may have been finishing its exit.)"""
+    return (after.cpu_ns - before.cpu_ns > RAN_NS or after.ticks - before.ticks >= RAN_TICKS
+            or bool(after.pids - before.pids))
 
 
 class Measuring:
@@ -165,9 +177,7 @@ class PauseWatcher:
         self.pauses += 1
         procs = self.runner.stop()
         try:
-            if sandbox.unstopped(procs, SETTLE_S):
-                self._kill(NOT_PAUSED.format(SETTLE_S))
-                return
+            sandbox.unstopped(procs, SETTLE_S, also=("D",))
             usage = sandbox.tree_usage(self.runner.pid)
             os.close(self._unpaused_fd)
             self._unpaused_fd = None
@@ -175,8 +185,8 @@ class PauseWatcher:
             while not self._stop.is_set():
                 if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
                     looked = time.monotonic()
-                    if sandbox.ran_between(usage, sandbox.tree_usage(self.runner.pid)):
-                        # a runner the judge killed meanwhile (its load's time was up) lost its processes: no verdict
+                    if _ran(usage, sandbox.tree_usage(self.runner.pid)):
+                        # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
                         self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
                         return
                 if not _held_elsewhere(self.measure, self._look_fd) and self._rejoin():
