@@ -7,7 +7,7 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
+#   AUDIT_RETRY_SECONDS, GPU_TESTS (what the tests part collects, e.g. tests/gpu/test_gpu_wall_check.py), PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -82,7 +82,8 @@ adversarial_parallel() {
 part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its status
   case $1 in
     # eval: PYTEST_ARGS may hold quoted words, e.g. -k "not load_inline and not two_workers"
-    tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu tests ${PYTEST_ARGS:-}" ;;
+    # GPU_TESTS: the files or folders to collect (default: tests); PYTEST_ARGS is added to them, not instead of them
+    tests) eval "python3 -P -m pytest -q -p no:cacheprovider --durations=12 -m gpu ${GPU_TESTS:-tests} ${PYTEST_ARGS:-}" ;;
     # The adversarial suite (CPU in CI) against a GPU judge and GPU runners: ADVERSARIAL_GROUPS (above), or the
     # group ADVERSARIAL_GROUP names; ADVERSARIAL_ONLY (test files or pytest arguments, space-separated) instead.
     adversarial) if [[ "${ADVERSARIAL_GROUP:-}" == *" "* ]]; then adversarial_parallel; return; fi
