@@ -129,9 +129,10 @@ class _Runner:
 
     def __init__(self, at: float) -> None:
         self.reader = _Reader(at)
+        self.killed = False
 
-    def _read(self, timeout: float):
-        raise StageError("timeout", "its time is up")
+    def kill(self) -> None:
+        self.killed = True
 
 
 def test_a_loads_time_limit_leaves_out_the_time_its_runner_was_paused():
@@ -139,5 +140,7 @@ def test_a_loads_time_limit_leaves_out_the_time_its_runner_was_paused():
     runner = _Runner(time.monotonic() + 0.6)
     threading.Timer(0.1, lambda: paused.update(s=0.5)).start()  # stopped 0.5 s for another's measurement
     assert runner._read_unpaused(0.3, lambda: paused["s"]) == {"type": "loaded"}
-    with pytest.raises(StageError, match="time is up"):  # with no pause, the same wait ends at its limit
-        _Runner(time.monotonic() + 0.6)._read_unpaused(0.3, lambda: 0.0)
+    late = _Runner(time.monotonic() + 0.6)
+    with pytest.raises(StageError, match="exceeded its time limit"):  # with no pause, the same wait ends at its limit
+        late._read_unpaused(0.3, lambda: 0.0)
+    assert late.killed

@@ -260,7 +260,8 @@ class RunnerProcess:
 
     def _read_unpaused(self, timeout: float, paused: Callable[[], float]) -> dict[str, Any]:
         """``_read``, with ``timeout`` counted in the time the runner was not paused."""
-        deadline, seen = time.monotonic() + timeout, paused()
+        deadline, first = time.monotonic() + timeout, paused()
+        seen = first
         while True:
             try:
                 msg = self.reader.read(max(0.0, deadline - time.monotonic()))
@@ -270,7 +271,10 @@ class RunnerProcess:
                 return msg
             now_paused = paused()
             if now_paused <= seen:
-                return self._read(0.0)  # its time is up: the timeout verdict, as _read gives it
+                self.kill()
+                raise StageError("timeout", f"the {self.stage} stage exceeded its time limit (the candidate ran on "
+                                            f"for the {timeout:.0f} s left of it, besides {seen - first:.1f} s "
+                                            "stopped for other candidates' measurements)")
             deadline, seen = deadline + now_paused - seen, now_paused
 
     def _expect(self, kind: str, timeout: float) -> dict[str, Any]:
