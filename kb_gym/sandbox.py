@@ -199,6 +199,11 @@ def _all_threads_in(pid: int, states: tuple[str | None, ...]) -> bool:
     return all(_state(f"{pid}/task/{tid}") in states for tid in tids)
 
 
+def in_state(pids: frozenset[int] | set[int], states: tuple[str, ...]) -> set[int]:
+    """Those of ``pids`` whose every thread is in one of ``states`` now."""
+    return {p for p in pids if _all_threads_in(p, states)}
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and has not exited (a zombie has)."""
     return _state(pid) not in ("Z", "X", None)

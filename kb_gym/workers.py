@@ -281,10 +281,15 @@ class WorkerHandle:
             write_message(self.proc.stdin.fileno(), {**job, "token": token})
         except OSError as exc:
             return self._fail("crash", f"could not send the job to the worker ({exc})", mark, stage)
+        paused_since: float | None = None  # a pause of its runner going on (worker/neighbours.py)
+        pause_cap = stage_limits.get("timing", 300.0) + JUDGE_GRACE  # what one pause may take off: a measurement's
         while True:
-            # The judge ends a runner's overrun itself a little before the limit; this is the backstop.
+            # The judge ends a runner's overrun itself a little before the limit; this is the backstop. A pause stops
+            # the clock, for as long as a measurement may last at most (then it runs again).
             limit = stage_limits.get(stage, 300.0) + JUDGE_GRACE
-            remaining = stage_started + limit - time.monotonic()
+            now = time.monotonic()
+            paused = min(now - paused_since, pause_cap) if paused_since is not None else 0.0
+            remaining = stage_started + paused + limit - now
             if remaining <= 0:
                 return self._fail("timeout", f"the {stage} stage exceeded its {limit:g} s limit", mark, stage)
             try:
@@ -313,10 +318,15 @@ class WorkerHandle:
             if msg.get("type") == "stage":
                 stage = str(msg.get("stage"))
                 stage_started = time.monotonic()
+                paused_since = stage_started if paused_since is not None else None
                 continue
-            if msg.get("type") == "paused" and isinstance(msg.get("seconds"), (int, float)):
+            if msg.get("type") == "pause":
                 # its runner stopped for another job's measurement (worker/neighbours.py): not this stage's time
-                stage_started += min(max(float(msg["seconds"]), 0.0), stage_limits.get(stage, 300.0))
+                if msg.get("state") == "begin":
+                    paused_since = time.monotonic()
+                elif paused_since is not None:
+                    stage_started += min(time.monotonic() - paused_since, pause_cap)
+                    paused_since = None
                 continue
             if msg.get("type") == "runner" and isinstance(msg.get("pid"), int):
                 self.runner_pid = msg["pid"]
@@ -336,7 +346,7 @@ class WorkerHandle:
                     write_message(self.proc.stdin.fileno(), {"type": "granted"})
                 except OSError as exc:
                     return self._fail("crash", f"could not grant the device to the worker ({exc})", mark, stage)
-                stage_started = time.monotonic()
+                stage_started, paused_since = time.monotonic(), None  # granted: no pause of its runner goes on
                 continue
             if msg.get("type") == "result" and msg.get("job_id") == job["job_id"]:
                 msg["log_tail"] = self.drain.text_since(mark)

@@ -25,6 +25,7 @@ class Tree:
     """What PauseWatcher needs of a runner: a pid and counted stops, as RunnerProcess has them."""
 
     stop = RunnerProcess.stop
+    restop = RunnerProcess.restop
     resume = RunnerProcess.resume
 
     def __init__(self) -> None:
@@ -48,8 +49,8 @@ def _cpu_s(pid: int) -> float:
 
 def test_a_waiting_runner_is_stopped_for_a_measurement_and_runs_again_after(files):
     tree = Tree()
-    told: list[float] = []
-    watcher = neighbours.PauseWatcher(files, tree, on_paused=told.append)
+    told: list[dict] = []
+    watcher = neighbours.PauseWatcher(files, tree, notify=told.append)
     try:
         watcher.watch()
         time.sleep(0.2)
@@ -63,7 +64,8 @@ def test_a_waiting_runner_is_stopped_for_a_measurement_and_runs_again_after(file
         time.sleep(0.3)
         assert _cpu_s(tree.pid) - before > 0.1  # it runs again
         assert watcher.pauses == 1 and not watcher.verdict
-        assert len(told) == 1 and 0.4 < told[0] < 2.0 and watcher.paused_s == pytest.approx(told[0])
+        assert [m["state"] for m in told] == ["begin", "end"]  # the evaluator's stage clock stops in between
+        assert 0.4 < told[1]["seconds"] < 2.0 and watcher.paused_s == pytest.approx(told[1]["seconds"])
     finally:
         watcher.unwatch()
         tree.close()
@@ -73,12 +75,14 @@ def test_a_watch_that_begins_during_a_measurement_waits_for_its_end(files):
     measuring = neighbours.Measuring(files)
     assert measuring.begin()  # no watcher yet: nothing to wait for
     tree = Tree()
-    watcher = neighbours.PauseWatcher(files, tree)
+    told: list[dict] = []
+    watcher = neighbours.PauseWatcher(files, tree, notify=told.append)
     began = time.monotonic()
     threading.Timer(0.4, measuring.end).start()
     try:
         watcher.watch()  # the judge would send the candidate to its runner only after this
         assert time.monotonic() - began >= 0.35
+        assert watcher.paused_seconds() >= 0.3 and [m["state"] for m in told] == ["begin", "end"]  # not its load's
     finally:
         watcher.unwatch()
         tree.close()

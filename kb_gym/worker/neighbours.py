@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -80,11 +81,14 @@ def _held_elsewhere(path: Path, fd: int) -> bool:
     return False
 
 
-def _ran(before: sandbox.TreeUsage, after: sandbox.TreeUsage) -> bool:
-    """Whether a paused tree ran: more CPU than a system call's tail, or a process it did not have. (One it lost is
-    not counted: a thread that had not yet stopped may have been finishing its exit.)"""
+def _ran(before: sandbox.TreeUsage, after: sandbox.TreeUsage, stopped: set[int]) -> bool:
+    """Whether a paused tree ran: more CPU than a system call's tail, a process it did not have, or one it lost
+    that was stopped when it was read (``stopped``): a stopped process leaves only if something resumed or killed it,
+    and a process gone takes its CPU history off the sum (round 28: burners that SIGKILL "bank" children to hide
+    their own CPU). One that was still finishing its exit when the stop landed was not stopped: its loss is not
+    counted."""
     return (after.cpu_ns - before.cpu_ns > RAN_NS or after.ticks - before.ticks >= RAN_TICKS
-            or bool(after.pids - before.pids))
+            or bool(after.pids - before.pids) or bool(stopped - after.pids))
 
 
 class Measuring:
@@ -123,10 +127,12 @@ class PauseWatcher:
     does not hold its device, ``unwatch`` once it does; ``verdict`` says why the runner was killed, if it was."""
 
     def __init__(self, files: tuple[Path, Path], runner: Any,
-                 on_paused: Callable[[float], None] | None = None) -> None:
+                 notify: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.measure, self.unpaused = files
         self.runner = runner
-        self.on_paused = on_paused  # told each pause's seconds, from the watcher's thread
+        # told as each pause begins and ends (a "pause" message to the evaluator, whose stage clock stops meanwhile);
+        # from the watcher's thread, and from ``watch`` for a wait it begins with
+        self.notify = notify
         self.verdict = ""
         self.paused_s = 0.0  # pauses over
         self._pause_began: float | None = None  # the pause going on, if one is
@@ -141,9 +147,16 @@ class PauseWatcher:
         beside it)."""
         if self._thread is not None or self.verdict:
             return
-        os.close(flock_file(self.measure, fcntl.LOCK_SH))
-        self._unpaused_fd = flock_file(self.unpaused, fcntl.LOCK_SH)
         self._look_fd = os.open(self.measure, os.O_RDWR | os.O_CREAT, 0o666)
+        waits = _held_elsewhere(self.measure, self._look_fd)
+        if waits:  # a pause as any other: the runner stands still meanwhile, and the time is not its load's
+            self._begin_pause()
+        try:
+            os.close(flock_file(self.measure, fcntl.LOCK_SH))
+            self._unpaused_fd = flock_file(self.unpaused, fcntl.LOCK_SH)
+        finally:
+            if waits:
+                self._end_pause()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="kb-gym-pause-watcher", daemon=True)
         self._thread.start()
@@ -166,26 +179,52 @@ class PauseWatcher:
         began = self._pause_began
         return self.paused_s + (time.monotonic() - began if began is not None else 0.0)
 
+    def _begin_pause(self) -> None:
+        self._pause_began = time.monotonic()
+        self.pauses += 1
+        self._tell({"type": "pause", "state": "begin"})
+
+    def _end_pause(self) -> None:
+        paused = time.monotonic() - (self._pause_began or time.monotonic())
+        self.paused_s += paused
+        self._pause_began = None
+        self._tell({"type": "pause", "state": "end", "seconds": paused})
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        if self.notify is not None:
+            with contextlib.suppress(OSError):
+                self.notify(message)
+
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
-            if _held_elsewhere(self.measure, self._look_fd):
-                self._pause()
+        try:
+            while not self._stop.wait(POLL_S):
+                if _held_elsewhere(self.measure, self._look_fd):
+                    self._pause()
+        except Exception as exc:  # noqa: BLE001 - the judge's own failure: measurements no longer wait for this runner
+            print(f"kb_gym: the pause watcher stopped: {exc!r}", file=sys.stderr)
+            if self._unpaused_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._unpaused_fd)
+                self._unpaused_fd = None
 
     def _pause(self) -> None:
         """Stop the tree, let the measurement begin, and resume once it is over (or the job stops watching)."""
-        began = self._pause_began = time.monotonic()
-        self.pauses += 1
+        self._begin_pause()
         procs = self.runner.stop()
         try:
             sandbox.unstopped(procs, SETTLE_S, also=("D",))
+            # A child forked while the stop landed (its parent inside fork() takes the SIGSTOP only on its way out,
+            # the child never gets it) shows only now: stopped too, before the tree is read (round 28).
+            self.runner.restop()
             usage = sandbox.tree_usage(self.runner.pid)
+            stopped = sandbox.in_state(usage.pids, ("T", "t"))  # can leave only if something ran (or killed it)
             os.close(self._unpaused_fd)
             self._unpaused_fd = None
             looked = time.monotonic()
             while not self._stop.is_set():
                 if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
                     looked = time.monotonic()
-                    if _ran(usage, sandbox.tree_usage(self.runner.pid)):
+                    if _ran(usage, sandbox.tree_usage(self.runner.pid), stopped):
                         # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
                         self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
                         return
@@ -194,12 +233,7 @@ class PauseWatcher:
                 time.sleep(POLL_S)
         finally:
             self.runner.resume()
-            paused = time.monotonic() - began
-            self.paused_s += paused
-            self._pause_began = None
-            if self.on_paused is not None:
-                with contextlib.suppress(OSError):
-                    self.on_paused(paused)
+            self._end_pause()
 
     def _rejoin(self) -> bool:
         """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""

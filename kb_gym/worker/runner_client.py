@@ -642,6 +642,13 @@ class RunnerProcess:
             self._stopped.update(procs)
             return procs
 
+    def restop(self) -> None:
+        """SIGSTOP the tree again for the holder that already stopped it: processes it gained since (a child forked
+        as the first stop landed) are stopped and resumed with the rest."""
+        with self._stop_lock:
+            if self._stops:
+                self._stopped.update(sandbox.freeze_tree(self.pid))
+
     def resume(self) -> None:
         with self._stop_lock:
             self._stops -= 1
