@@ -199,9 +199,32 @@ def _all_threads_in(pid: int, states: tuple[str | None, ...]) -> bool:
     return all(_state(f"{pid}/task/{tid}") in states for tid in tids)
 
 
-def in_state(pids: frozenset[int] | set[int], states: tuple[str, ...]) -> set[int]:
-    """Those of ``pids`` whose every thread is in one of ``states`` now."""
-    return {p for p in pids if _all_threads_in(p, states)}
+_PF_EXITING = 0x4  # a task's flags (/proc/PID/stat, field 9): it is in its exit
+
+
+def process_usage(pid: int) -> dict[int, tuple[int, int, bool]]:
+    """Per process of ``pid``'s tree: (CPU nanoseconds of its live threads, clock ticks of the process and the
+    children it reaped, whether it is exiting). Compared process by process, one that leaves cannot take its history
+    off another's use, as a tree's sum lets it (sandbox.tree_usage)."""
+    usage: dict[int, tuple[int, int, bool]] = {}
+    for proc in (pid, *(descendants(pid) or [])):
+        try:
+            tids = os.listdir(f"/proc/{proc}/task")
+            with open(f"/proc/{proc}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            ticks = sum(int(v) for v in fields[11:15])
+            exiting = fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+        except (OSError, IndexError, ValueError):
+            continue
+        cpu_ns = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/{proc}/task/{tid}/schedstat", "rb") as handle:
+                    cpu_ns += int(handle.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+        usage[proc] = (cpu_ns, ticks, exiting)
+    return usage
 
 
 def alive(pid: int) -> bool:

@@ -407,7 +407,9 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         files = neighbours.pause_files(job)
         if files is not None:  # stopped from now until the device is granted, whenever another judge measures it
             ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send)
+            runner.paused = ctx.watcher.paused_seconds  # its waits for the runner leave out the time it was paused
             ctx.watcher.watch()
+            deadline += ctx.watcher.paused_seconds()  # a measurement it waited out first (neighbours.py)
         own_clock = runner.cpu_clock and bool(cfg["timing"])  # the CPU clock's harness, read in this very process
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
@@ -427,10 +429,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}
-            watcher = state.get("watcher")  # the time its runner was paused since the deadline was set is not its
-            used = runner.load(job["source"], seed,
-                               timeout=deadline - time.monotonic() + (watcher.paused_seconds() if watcher else 0.0),
-                               paused=watcher.paused_seconds if watcher is not None else None)
+            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())
             if restored:  # False: the load built it again (a hit that saved nothing)
                 result["build_reused"] = build_cache.libraries(runner.scratch / "ext") == restored
             result["compiled"] = True

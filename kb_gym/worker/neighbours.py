@@ -81,14 +81,22 @@ def _held_elsewhere(path: Path, fd: int) -> bool:
     return False
 
 
-def _ran(before: sandbox.TreeUsage, after: sandbox.TreeUsage, stopped: set[int]) -> bool:
-    """Whether a paused tree ran: more CPU than a system call's tail, a process it did not have, or one it lost
-    that was stopped when it was read (``stopped``): a stopped process leaves only if something resumed or killed it,
-    and a process gone takes its CPU history off the sum (round 28: burners that SIGKILL "bank" children to hide
-    their own CPU). One that was still finishing its exit when the stop landed was not stopped: its loss is not
-    counted."""
-    return (after.cpu_ns - before.cpu_ns > RAN_NS or after.ticks - before.ticks >= RAN_TICKS
-            or bool(after.pids - before.pids) or bool(stopped - after.pids))
+def _ran(before: dict[int, tuple[int, int, bool]], after: dict[int, tuple[int, int, bool]]) -> bool:
+    """Whether a paused tree ran, process by process (sandbox.process_usage): more CPU over the processes it kept
+    than a system call's tail, a process it did not have, or one it lost that was not already exiting when it was
+    read. A stopped process, or one asleep in the kernel, leaves only if something resumed or killed it; summed over
+    the tree, a process gone took its whole history off the sum (round 28: burners that SIGKILL "bank" children,
+    stopped or waiting in a vfork, to hide their own CPU). A process missing from the second reading that still
+    exists was missed by the walk, not lost."""
+    if set(after) - set(before):
+        return True
+    cpu = ticks = 0
+    for pid, (cpu_ns, pid_ticks, _) in after.items():
+        cpu += max(0, cpu_ns - before[pid][0])
+        ticks += max(0, pid_ticks - before[pid][1])
+    if cpu > RAN_NS or ticks >= RAN_TICKS:
+        return True
+    return any(pid not in after and not exiting and not sandbox.alive(pid) for pid, (_, _, exiting) in before.items())
 
 
 class Measuring:
@@ -216,15 +224,14 @@ class PauseWatcher:
             # A child forked while the stop landed (its parent inside fork() takes the SIGSTOP only on its way out,
             # the child never gets it) shows only now: stopped too, before the tree is read (round 28).
             self.runner.restop()
-            usage = sandbox.tree_usage(self.runner.pid)
-            stopped = sandbox.in_state(usage.pids, ("T", "t"))  # can leave only if something ran (or killed it)
+            usage = sandbox.process_usage(self.runner.pid)
             os.close(self._unpaused_fd)
             self._unpaused_fd = None
             looked = time.monotonic()
             while not self._stop.is_set():
                 if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
                     looked = time.monotonic()
-                    if _ran(usage, sandbox.tree_usage(self.runner.pid), stopped):
+                    if _ran(usage, sandbox.process_usage(self.runner.pid)):
                         # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
                         self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
                         return

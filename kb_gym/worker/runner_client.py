@@ -93,6 +93,9 @@ class RunnerProcess:
         self._stops = 0
         self._stopped: set[int] = set()
         self._stop_lock = threading.Lock()
+        # while its job waits for the device: the seconds it has been paused for others so far (neighbours.py); a
+        # wait for its reply leaves them out of its time
+        self.paused: Callable[[], float] | None = None
         self.started = time.monotonic()
         self.started_wall = time.time()  # the runner's "ready" carries its own wall clock (one host)
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
@@ -248,6 +251,8 @@ class RunnerProcess:
             raise self._died(f"could not reach the runner ({exc})") from None
 
     def _read(self, timeout: float) -> dict[str, Any]:
+        if self.paused is not None:
+            return self._read_unpaused(timeout, self.paused)
         try:
             msg = self.reader.read(max(0.0, timeout))
         except ProtocolError as exc:
@@ -330,15 +335,12 @@ class RunnerProcess:
         self.device_payloads = self.shm_payloads = 0
         self.payload_seconds = {part: [] for part in PAYLOAD_PARTS}
 
-    def load(self, source: str, init_seed: int, timeout: float,
-             paused: Callable[[], float] | None = None) -> dict[str, list[str]]:
+    def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
         builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,
-        checked against pch.VARIANTS wherever they are acted on. ``paused``: the seconds the runner has been
-        stopped for other candidates' measurements so far (neighbours.py); the wait's deadline moves by what
-        they add."""
+        checked against pch.VARIANTS wherever they are acted on."""
         self._send({"type": "load", "source": source, "init_seed": init_seed})
-        reply = self._read(timeout) if paused is None else self._read_unpaused(timeout, paused)
+        reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
         self.pch = pch_record(reply.get("pch"))

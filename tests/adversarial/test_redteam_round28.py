@@ -31,17 +31,20 @@ GOT THROUGH at ec58937, fixed in 9d0be8d (the plain tests below pin the fixes):
   tree whose compile driver forks short busy workers was killed for its child's CPU, on ~20% of pauses with a 1 GB
   parent. Now the tree is stopped again once it settled (``RunnerProcess.restop``).
 
-GOT THROUGH at 9d0be8d (strict xfails):
+GOT THROUGH at 9d0be8d, fixed in the commit after it (the plain tests below pin the fixes):
 
 - the bank, asleep: a lost process counts only where it was in T at the reading. A bank that waits in
   clone(CLONE_VFORK) without CLONE_VM (a fork whose parent waits, killable, until the child exits or execs) for a
   child that sleeps for ever is in D: the settle counts it as stopped, the lost-process check does not, and its
   SIGKILL still takes its history off the sums. Burners ran 4.8-5.7 s of CPU inside the siblings' timing stages,
-  never killed; the siblings' speedups 0.64-0.91.
+  never killed; the siblings' speedups 0.64-0.91. Now the paused tree is read process by process
+  (``sandbox.process_usage``): CPU over the processes it kept, and any process lost that was not already exiting
+  (PF_EXITING) when it was read, counts as having run.
 - the watch's wait is a pause now, but ``runner.prepare`` (and the CPU clock's harness calls, and the build cache's
   wait, by reading the code) still take ``deadline - time.monotonic()`` with the deadline set before the wait: after a
   wait longer than the load limit, prepare's timeout is negative and the honest sibling is ``timeout`` ("ran on for
-  the -6 s left of it") before its candidate is even sent.
+  the -6 s left of it") before its candidate is even sent. Now every wait for a watched runner's reply leaves out the
+  time it was paused (``RunnerProcess.paused``), and the load's deadline moves by the watch's first wait.
 
 HELD (plain tests): an honest import that sleeps, runs torch on two threads, threads, file IO and a short busy
 subprocess is paused through its siblings' timing and judged correct; a double-forked, setsid'd burner with round 5's
@@ -261,10 +264,7 @@ def test_a_stopped_bank_lost_while_paused_counts_as_the_tree_running(ev, relu):
     assert status == "runtime_error" or ran < 0.05, (status, f"ran {ran:.2f} s in the windows", speedups)
 
 
-@pytest.mark.xfail(strict=True, reason="neighbours._ran counts a lost process only where it was seen in T; a bank "
-                                       "waiting in clone(CLONE_VFORK) for a child that sleeps is in D (killable): "
-                                       "counted as stopped, yet its loss to SIGKILL still takes its CPU history off "
-                                       "the tree's sums, and pays for burners through every sibling's measurement")
+# Fixed after 9d0be8d: the paused tree is read process by process; a lost process that was not exiting counts.
 def test_a_bank_asleep_in_a_vfork_wait_does_not_pay_for_burners(ev, relu):
     status, ran, speedups = _banked(ev, relu, asleep=True)
     assert status == "runtime_error" or ran < 0.05, (status, f"ran {ran:.2f} s in the windows", speedups)
@@ -283,9 +283,7 @@ WAIT_CONFIG = CONFIG.replace(timing_min_reps=10, timing_max_reps=100_000, timing
                              timing_max_seconds=9.0, load_timeout=5.0, timing_timeout=40.0)
 
 
-@pytest.mark.xfail(strict=True, reason="the watch's wait counts as a pause now, but runner.prepare's timeout is still "
-                                       "the load deadline less the time since it was set: a neighbour's long timing "
-                                       "stage runs a sibling that starts meanwhile out of its load limit in prepare")
+# Fixed after 9d0be8d: every wait for a watched runner's reply leaves out the time it was paused.
 def test_a_job_that_starts_during_a_long_measurement_keeps_its_load_time(ev, relu):
     ev.warm()
     slow = ev.submit(relu, SLOW.replace("SLEEP_S", "0"), config=WAIT_CONFIG)
