@@ -97,18 +97,18 @@ def test_without_the_pause_the_neighbour_runs_through_its_siblings_measurement(r
 
 
 # A neighbour the pause cannot hold: the kernel sends it SIGCONT every 0.5 ms (round 5's timer), and it burns the CPU
-# through its siblings' measurements. It is killed, with that as its verdict, and the siblings are judged as usual.
-UNSTOPPABLE = UNFREEZABLE + f'''
-import time, torch
-_unfreezable()
-_end = time.time() + {BUSY_S}
-while time.time() < _end:
-    pass
-''' + FORWARD
+# through its siblings' measurements, recording when it ran. Sound: it is killed, with that as its verdict, or it never
+# ran inside a sibling's window (a stop drops a timer's pending SIGCONT, and a periodic timer that lost one may never
+# fire again: under load the timer can die, round 28). The siblings are judged as usual either way.
+UNSTOPPABLE = UNFREEZABLE + "\n_unfreezable()\n" + RECORDER
 
 
-def test_a_neighbour_that_resumes_itself_while_paused_is_killed(relu):
+def test_a_neighbour_that_resumes_itself_while_paused_is_killed_or_never_ran(relu):
     rogue, siblings = _siblings_beside(relu, UNSTOPPABLE)
-    assert rogue.status == "runtime_error", (rogue.status, rogue.error)
-    assert "another candidate's measurement" in rogue.error, rogue.error
     assert [s.status for s in siblings] == ["correct"] * 3, [s.error for s in siblings]
+    if rogue.status == "runtime_error":
+        assert "another candidate's measurement" in rogue.error, rogue.error
+        return
+    assert rogue.status == "compile_error" and "GAPS" in rogue.error, (rogue.status, rogue.error)
+    gaps = _gaps(rogue.error)
+    assert all(_stopped_through(gaps, w) for w in _timed_windows(siblings)), gaps
