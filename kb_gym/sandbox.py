@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _BASE = ["--pid", "--net", "--mount", "--fork", "--mount-proc", "--kill-child"]
 _VARIANTS = (("root", _BASE), ("user", ["--user", "--map-root-user", *_BASE]))
@@ -202,18 +202,25 @@ def _all_threads_in(pid: int, states: tuple[str | None, ...]) -> bool:
 _PF_EXITING = 0x4  # a task's flags (/proc/PID/stat, field 9): it is in its exit
 
 
-def process_usage(pid: int) -> dict[int, tuple[int, int, bool]]:
-    """Per process of ``pid``'s tree: (CPU nanoseconds of its live threads, clock ticks of the process and the
-    children it reaped, whether it is exiting). Compared process by process, one that leaves cannot take its history
-    off another's use, as a tree's sum lets it (sandbox.tree_usage)."""
-    usage: dict[int, tuple[int, int, bool]] = {}
+class ProcessUsage(NamedTuple):
+    cpu_ns: int  # its live threads' time on a CPU (schedstat, exact)
+    ticks: int  # utime, stime, cutime, cstime (stat: keeps exited threads and reaped children, at 10 ms grain)
+    gone: bool  # exited: a zombie
+    exiting: bool  # gone, or in its exit (PF_EXITING)
+
+
+def process_usage(pid: int) -> dict[int, ProcessUsage]:
+    """Per process of ``pid``'s tree, what it has used so far. Compared process by process, one that leaves cannot
+    take its history off another's use, as a tree's sum lets it (tree_usage)."""
+    usage: dict[int, ProcessUsage] = {}
     for proc in (pid, *(descendants(pid) or [])):
         try:
             tids = os.listdir(f"/proc/{proc}/task")
             with open(f"/proc/{proc}/stat", "rb") as handle:
                 fields = handle.read().rsplit(b")", 1)[1].split()
             ticks = sum(int(v) for v in fields[11:15])
-            exiting = fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+            gone = fields[0] in (b"Z", b"X")
+            exiting = gone or bool(int(fields[6]) & _PF_EXITING)
         except (OSError, IndexError, ValueError):
             continue
         cpu_ns = 0
@@ -223,7 +230,7 @@ def process_usage(pid: int) -> dict[int, tuple[int, int, bool]]:
                     cpu_ns += int(handle.read().split()[0])
             except (OSError, IndexError, ValueError):
                 continue
-        usage[proc] = (cpu_ns, ticks, exiting)
+        usage[proc] = ProcessUsage(cpu_ns, ticks, gone, exiting)
     return usage
 
 
@@ -260,25 +267,9 @@ RAN_TICKS = 3  # ticks charge a whole 10 ms to whatever runs when they fire: thr
 
 def tree_usage(pid: int) -> TreeUsage:
     """``pid``'s and its descendants' CPU use so far (compare two with ``ran_between``)."""
-    alive: set[int] = set()
-    cpu_ns = ticks = 0
-    for proc in (pid, *(descendants(pid) or [])):
-        try:
-            tids = os.listdir(f"/proc/{proc}/task")
-            with open(f"/proc/{proc}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-            ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
-        except (OSError, IndexError, ValueError):
-            continue
-        if fields[0] not in (b"Z", b"X"):
-            alive.add(proc)
-        for tid in tids:
-            try:
-                with open(f"/proc/{proc}/task/{tid}/schedstat", "rb") as handle:
-                    cpu_ns += int(handle.read().split()[0])
-            except (OSError, IndexError, ValueError):
-                continue
-    return TreeUsage(cpu_ns, ticks, frozenset(alive))
+    procs = process_usage(pid)
+    return TreeUsage(sum(u.cpu_ns for u in procs.values()), sum(u.ticks for u in procs.values()),
+                     frozenset(p for p, u in procs.items() if not u.gone))
 
 
 def ran_between(before: TreeUsage, after: TreeUsage) -> bool:

@@ -81,7 +81,7 @@ def _held_elsewhere(path: Path, fd: int) -> bool:
     return False
 
 
-def _ran(before: dict[int, tuple[int, int, bool]], after: dict[int, tuple[int, int, bool]]) -> bool:
+def _ran(before: dict[int, sandbox.ProcessUsage], after: dict[int, sandbox.ProcessUsage]) -> bool:
     """Whether a paused tree ran, process by process (sandbox.process_usage): more CPU over the processes it kept
     than a system call's tail, a process it did not have, or one it lost that was not already exiting when it was
     read. A stopped process, or one asleep in the kernel, leaves only if something resumed or killed it; summed over
@@ -90,13 +90,11 @@ def _ran(before: dict[int, tuple[int, int, bool]], after: dict[int, tuple[int, i
     exists was missed by the walk, not lost."""
     if set(after) - set(before):
         return True
-    cpu = ticks = 0
-    for pid, (cpu_ns, pid_ticks, _) in after.items():
-        cpu += max(0, cpu_ns - before[pid][0])
-        ticks += max(0, pid_ticks - before[pid][1])
+    cpu = sum(max(0, u.cpu_ns - before[pid].cpu_ns) for pid, u in after.items())
+    ticks = sum(max(0, u.ticks - before[pid].ticks) for pid, u in after.items())
     if cpu > RAN_NS or ticks >= RAN_TICKS:
         return True
-    return any(pid not in after and not exiting and not sandbox.alive(pid) for pid, (_, _, exiting) in before.items())
+    return any(pid not in after and not u.exiting and not sandbox.alive(pid) for pid, u in before.items())
 
 
 class Measuring:
@@ -244,11 +242,8 @@ class PauseWatcher:
 
     def _rejoin(self) -> bool:
         """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""
-        fd = os.open(self.unpaused, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = flock_file(self.unpaused, fcntl.LOCK_SH, deadline=time.monotonic())  # one try
+        if fd is None:
             return False
         if _held_elsewhere(self.measure, self._look_fd):  # one began meanwhile and waits for this runner
             os.close(fd)

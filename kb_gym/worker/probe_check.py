@@ -528,11 +528,13 @@ def _one_pass(probe: ProbeClock, runner: RunnerProcess, spare: Callable[[], Runn
 
 
 def _timed(marks: Callable[[], int | None], process: RunnerProcess, seed: int, target: str, device: torch.device,
-           call: dict[str, Any], timeout: Callable[[], float]) -> CallReply:
+           call: dict[str, Any], timeout: Callable[[], float], window_at_done: bool = False) -> CallReply:
     """One call in probe mode (no flush, no shield but the spare's self-test): the judge's own context idle inside
-    its window, ``marks()`` at each end (the probe's, None where it failed to give one; wall_check: the host clock)."""
+    its window, ``marks()`` at each end (the probe's, None where it failed to give one; wall_check: the host clock,
+    the window closed at "done": RunnerProcess.call)."""
     torch.cuda.synchronize(device)
-    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=marks, **call)
+    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=marks,
+                        window_at_done=window_at_done, **call)
 
 
 def _mark(probe: ProbeClock) -> int | None:

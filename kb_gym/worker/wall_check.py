@@ -56,6 +56,7 @@ from kb_gym.worker.probe_check import (
     _checked,
     _chosen,
     _Mismatch,
+    _timed,
     wait_ready,
 )
 from kb_gym.worker.probe_clock import PassVoid, ProbeClock, ProbeError, busy_in
@@ -123,7 +124,9 @@ def _one_pass(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[
             stray = _quiet(probe, device)
             if stray:
                 return stray
-            forwards = [_timed(clock, pristine, seed, "forward", device, call, timeout)
+            # spans from the seed's sending to the "done" that commits the outputs: their copy to the judge (whose
+            # cost varied by more than a claim on an H100) is outside them, the spare's calls and the candidate's alike
+            forwards = [_timed(clock, pristine, seed, "forward", device, call, timeout, window_at_done=True)
                         for seed in fresh_seeds(FORWARD_CALLS)]
     except StageError as exc:
         if exc.status == "timeout":  # the stage's time spent: the candidate's timeout, as in the probe check
@@ -131,7 +134,7 @@ def _one_pass(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[
         return f"the spare failed beside the candidate: {exc.message[:200]}"
     spare_s = time.perf_counter() - began
     seeds = fresh_seeds(CALLS)
-    replies = [_timed(clock, runner, seed, "candidate", device, call, timeout) for seed in seeds]
+    replies = [_timed(clock, runner, seed, "candidate", device, call, timeout, window_at_done=True) for seed in seeds]
     wrong = _checked(replies, seeds, reference, check)
     if wrong:
         return wrong
@@ -151,15 +154,6 @@ def _one_pass(probe: ProbeClock | None, runner: RunnerProcess, spare: Callable[[
     reading.by_wall = reading.charged_ms > 0
     reading.seconds = {"spare": round(spare_s, 3), "pass": round(time.perf_counter() - began, 3)}
     return reading
-
-
-def _timed(clock: Callable[[], int], process: RunnerProcess, seed: int, target: str, device: torch.device,
-           call: dict[str, Any], timeout: Callable[[], float]) -> CallReply:
-    """One unshielded, unflushed call (probe mode) spanned on the host clock from the seed's sending to its "done":
-    the outputs are committed there, so their copy to the judge (whose cost varied by more than a claim) is outside
-    the span, for the spare's calls and the candidate's alike."""
-    torch.cuda.synchronize(device)
-    return process.call(seed, timeout=timeout(), timed=True, target=target, marks=clock, window_at_done=True, **call)
 
 
 def _quiet(probe: ProbeClock | None, device: torch.device) -> str:
