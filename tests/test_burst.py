@@ -36,17 +36,22 @@ def test_the_reading_charges_what_the_judges_clock_shows_beyond_the_claim():
     # three pairs: the candidate's burst less the spare's share read right before it
     honest = read_burst([21.0, 20.5, 21.5], [50.0] * 3, 100, claimed_ms=0.2, claimed_host_ms=None,
                         loop_tolerance_ms=3.0, device_kind="cpu")
-    assert not honest.counted and honest.tolerance_ms == 3.0 and honest.forward_ms == pytest.approx(0.21)
+    assert not honest.counted and honest.tolerance_ms == 7.5 and honest.forward_ms == pytest.approx(0.21)
     # back to back 2x slower on the CPU (100% allowed, then the 3 ms): not charged; 2.5x slower is
     assert not read_burst([40.0] * 3, [50.0] * 3, 100, 0.2, None, 3.0, "cpu").counted
     assert read_burst([50.0] * 3, [50.0] * 3, 100, 0.2, None, 3.0, "cpu").charged_ms == pytest.approx(0.3)
     lie = read_burst([20.0, 19.0, 21.0], [50.0] * 3, 100, claimed_ms=0.001, claimed_host_ms=None,
                      loop_tolerance_ms=3.0, device_kind="cpu")
     assert lie.counted and lie.charged_ms == pytest.approx(0.199) and not lie.launch_bound
-    # noisy pairs widen the tolerance to their range, or to 2% of the harness's share
+    # noisy pairs widen the tolerance to their range, or to a share of the harness's share: 15% on the CPU, 2% on
+    # a GPU
     noisy = read_burst([20.0, 0.0, 40.0], [50.0] * 3, 100, 0.001, None, 3.0, "cpu")
     assert noisy.tolerance_ms == 40.0 and not noisy.counted
-    assert read_burst([20.0] * 3, [1000.0] * 3, 100, 0.001, None, 3.0, "cpu").tolerance_ms == 20.0
+    assert read_burst([20.0] * 3, [1000.0] * 3, 100, 0.001, None, 3.0, "cpu").tolerance_ms == 150.0
+    assert read_burst([20.0] * 3, [1000.0] * 3, 100, 0.001, None, 0.3, "cuda").tolerance_ms == 20.0
+    # the clean-clone CI run's honest ReLU copy: three pairs agreeing on a 48 ms offset of a 276 ms share (range
+    # 4.9 ms) against a 0.04 ms claim is the CPU's drift between two processes, not a lie
+    assert not read_burst([46.0, 48.3, 50.9], [276.3] * 3, 512, 0.04, None, 3.0, "cpu").counted
     # on a GPU, a forward whose reported host time covers the burst is launch-bound, not hiding work
     launch = read_burst([20.0] * 3, [50.0] * 3, 100, claimed_ms=0.05, claimed_host_ms=0.2, loop_tolerance_ms=0.3,
                         device_kind="cuda")
