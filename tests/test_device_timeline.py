@@ -63,6 +63,9 @@ def test_a_devices_workers_take_turns_and_the_record_shows_it():
     for r in locked:
         s = r.stage_seconds
         assert s["device_wait"] >= 0 and 0 < s["runner_kill"] <= s["teardown"], s
+        # the kill's parts (runner_client.RunnerProcess.kill): the tree's end, the memfd, the build kept, the scratch
+        parts = [s[f"kill_{p}"] for p in ("wait", "payload", "keep", "scratch")]
+        assert min(parts) >= 0 and sum(parts) <= s["runner_kill"] and s["kill_wait"] > 0, s
         assert s["timing"] + s["teardown"] <= s["device_held"] <= s["total"] - s["queue"] - s["load"], s
     assert all("device_held" not in r.stage_seconds and r.stage_seconds["teardown"] > 0 for r in unlocked)
     (line,) = timelines(unlocked).values()

@@ -96,6 +96,7 @@ class RunnerProcess:
         # while its job waits for the device: the seconds it has been paused for others so far (neighbours.py); a
         # wait for its reply leaves them out of its time
         self.paused: Callable[[], float] | None = None
+        self.kill_seconds: dict[str, float] = {}
         self.started = time.monotonic()
         self.started_wall = time.time()  # the runner's "ready" carries its own wall clock (one host)
         from kb_gym.workers import LogDrain  # the same bounded drain the evaluator uses for judges
@@ -664,17 +665,22 @@ class RunnerProcess:
             self.device_payload.close()
             self.device_payload = None
 
-    def _drop_payload(self) -> None:
-        """Close the memfd (also where the runner's start failed: it may still have been forked with it)."""
+    def _drop_payload(self, later: bool = False) -> None:
+        """Close the memfd (also where the runner's start failed: it may still have been forked with it);
+        ``later``: its pages freed on a thread of their own (payload.free_later), off the device hold."""
         if self.payload is not None:
-            self.payload.close()
-            os.close(self.payload.fd)
+            if later:
+                payload.free_later(self.payload, self.payload.fd)
+            else:
+                self.payload.close()
+                os.close(self.payload.fd)
             self.payload = None
 
     def kill(self, keep: Callable[[Path], None] | None = None) -> bool:
         """End the runner and every process of its tree, and remove its scratch folder; ``keep`` is called
         with the scratch folder once the whole tree is gone (nothing of the candidate can change it then) and
         before the folder is removed. Whether the whole tree was gone within 10 s."""
+        began = time.perf_counter()
         self._large_buffer = None
         # Every process of the tree, not only the runner, is gone before the next candidate is judged: a SIGKILL
         # lands when a process leaves the kernel, and children inside a long system call (MAP_POPULATE: seconds)
@@ -696,13 +702,16 @@ class RunnerProcess:
                     pass
             self._fds = []
         gone = sandbox.wait_gone(tree, timeout=10.0)
-        self._drop_payload()
+        waited = time.perf_counter()
+        self._drop_payload(later=True)
         self._drop_device_payload()
+        dropped = time.perf_counter()
         if keep is not None and gone:
             try:
                 keep(self.scratch)
             except Exception:  # noqa: BLE001 - a copy that fails keeps nothing; the runner still ends
                 pass
+        kept = time.perf_counter()
         for stream in streams:
             try:
                 if stream:
@@ -711,6 +720,9 @@ class RunnerProcess:
                 pass
         shutil.rmtree(self.scratch, ignore_errors=True)
         reap_orphans()
+        # where the kill's time goes, all of it inside the job's device hold (job.py: stage_seconds kill_*)
+        self.kill_seconds = {"wait": waited - began, "payload": dropped - waited, "keep": kept - dropped,
+                             "scratch": time.perf_counter() - kept}
         return gone
 
 

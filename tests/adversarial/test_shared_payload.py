@@ -396,3 +396,20 @@ def test_runners_map_their_memfd_for_a_problems_known_output_size_before_the_dev
     assert "payload" not in phases[0] and any("payload" in p for p in phases[2:]), phases
     small = ev.evaluate(SIX_MB, reference_as_candidate(SIX_MB), config=untimed)
     assert small.status == "correct", small.error
+
+
+
+def test_a_killed_runners_memfd_is_freed_off_the_judges_path():
+    """payload.free_later: the judge's mapping and descriptor of a runner's memfd go on a thread of their own (the
+    kernel frees the pages as the last reference goes: ~60 ms a GB here, inside the device hold before); the
+    caller's part is only the page-locking's undoing."""
+    writer, reader = _pair()
+    nbytes = 64 << 20
+    writer.write([torch.ones(nbytes // 4)], nbytes)
+    assert torch.equal(reader.view(nbytes)[:8], torch.ones(2).view(torch.uint8))
+    writer.close()  # the runner is gone: the judge's mapping and descriptor are the last references
+    thread = payload.free_later(reader, reader.fd)
+    thread.join(timeout=10)
+    assert not thread.is_alive() and reader.map is None
+    with pytest.raises(OSError):
+        os.fstat(reader.fd)
