@@ -9,6 +9,12 @@ Two modes:
   episode telescope: their sum is exactly the best reward reached in the episode. Regressions
   cost nothing (the kernel kept is the best one anyway) and oscillating between a bad and a good
   kernel earns nothing after the first time the good one was reached.
+
+Either way a later result counts above the best only where it beats it by more than timing noise
+(``timing_noise_only``): the same kernel submitted again, made "another program" by a no-op statement,
+draws its timing again, and the best of several draws of one kernel pays more than the kernel is worth
+(red team rounds 10, 11 and 29: 0.4168 for a 1.00x kernel after four draws). ``best_reward`` is the
+same rule for a list of results (the tool environment's and the multi-turn rollout's ``"best"``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kb_gym.result import EvalResult
+from kb_gym.result import EvalResult, valid_speedup
+from kb_gym.rewards.presets import is_correct, is_penalised
 from kb_gym.rewards.registry import RewardFn, finite, get_reward
 
 MODES = ("per_step", "improvement")
@@ -38,6 +45,54 @@ def shape_multi_turn(reward: float, best_so_far: float | None, mode: str = "impr
     return max(0.0, value - float(best_so_far))
 
 
+# Two evaluations of one kernel differ by more than either's interval (each is one judge's run: the baseline's and the
+# host's state move between them); reference copies on the H200 read 0.98-1.02, and round 10 drew 0.97-1.06 for one
+# 1.00x kernel on this CPU. A later result counts above the best only past this share of its speedup. Under the
+# default preset's log2 speed term a 10% gain is worth 0.028: little is lost to an honest small step.
+REPEAT_MARGIN = 0.10
+
+
+def _interval(result: Any) -> tuple[float, float] | None:
+    ci = result.get("speedup_ci") if isinstance(result, dict) else getattr(result, "speedup_ci", None)
+    try:
+        low, high = (float(v) for v in ci)
+    except (TypeError, ValueError):
+        return None
+    return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
+
+
+def timing_noise_only(result: Any, best: Any) -> bool:
+    """Whether ``result`` differs from ``best`` only by a draw of timing noise: both correct, with the same
+    speed credit and usable speedups, ``result``'s no more than REPEAT_MARGIN above the best's or their 95%
+    intervals overlapping. Then its higher reward is not counted above the best's. A result with a better
+    status or credit, or one faster beyond both, is better."""
+    if best is None or not (is_correct(result) and is_correct(best)):
+        return False
+    if is_penalised(result) != is_penalised(best):
+        return False
+    speedup = result.get("speedup") if isinstance(result, dict) else getattr(result, "speedup", None)
+    best_speedup = best.get("speedup") if isinstance(best, dict) else getattr(best, "speedup", None)
+    if valid_speedup(speedup) is None or valid_speedup(best_speedup) is None:
+        return False
+    if float(speedup) <= float(best_speedup) * (1.0 + REPEAT_MARGIN):
+        return True
+    ours, theirs = _interval(result), _interval(best)
+    return ours is not None and theirs is not None and ours[0] <= theirs[1]
+
+
+def best_reward(scored: list[tuple[Any, float]]) -> float:
+    """The best reward of ``(result, reward)`` pairs in submission order, a later one counting above the best so
+    far only where it is better by more than timing noise (``timing_noise_only``)."""
+    best_result, best = None, None
+    for result, reward in scored:
+        reward = float(reward)
+        if best is None or (reward > best and not timing_noise_only(result, best_result)):
+            best_result, best = result, reward
+    if best is None:
+        raise ValueError("best_reward needs at least one scored result")
+    return best
+
+
 class MultiTurnReward:
     """A stateful per-episode wrapper: call it once per turn, ``reset()`` between episodes.
 
@@ -51,16 +106,22 @@ class MultiTurnReward:
         self.base = get_reward(base, **kwargs)
         self.mode = mode
         self.best_so_far: float | None = None
+        self.best_result: EvalResult | None = None
 
     def reset(self) -> None:
         """Forget the episode's best reward."""
         self.best_so_far = None
+        self.best_result = None
 
     def __call__(self, result: EvalResult) -> tuple[float, dict[str, float]]:
         raw, components = self.base(result)
-        shaped = shape_multi_turn(raw, self.best_so_far, self.mode)
         raw = finite(raw)
-        self.best_so_far = raw if self.best_so_far is None else max(self.best_so_far, raw)
+        # a draw of timing noise above the best counts as the best, not above it
+        counted = min(raw, self.best_so_far) if (
+            self.best_so_far is not None and timing_noise_only(result, self.best_result)) else raw
+        shaped = raw if self.mode == "per_step" else shape_multi_turn(counted, self.best_so_far, self.mode)
+        if self.best_so_far is None or counted > self.best_so_far:
+            self.best_so_far, self.best_result = counted, result
         return shaped, {**components, "raw_reward": raw, "shaped_reward": shaped}
 
 

@@ -74,16 +74,16 @@ def _penalised_set(penalised_flags: Iterable[str] | None) -> frozenset[str]:
 
 
 def is_penalised(result: Any, penalised_flags: Iterable[str] | None = None) -> bool:
-    """Whether the result earns no speed credit.
+    """Whether the result earns no speed credit: the evaluator's integrity policy denied it
+    (``speed_credit`` False), or it carries a flag of ``penalised_flags`` (the preset's set by default).
 
-    With ``penalised_flags`` given: whether it carries one of them. Otherwise the evaluator's
-    integrity-policy verdict (``speed_credit``) decides when the result has one; results without it
-    (older JSONL) fall back to the preset flag set.
+    The policy's verdict is never overridden by a flag set: every preset used to pass its set, so
+    the flags the policy penalises beyond it (``unverified_timing``, ``pytorch_compiler``,
+    ``precision_change``, ``unlisted_import``, ...) were paid their claimed speedup (red team round 29).
+    A laxer policy is chosen in ``EvalConfig(integrity=...)``; ``penalised_flags`` only adds to it.
     """
-    if penalised_flags is None:
-        credit = _get(result, "speed_credit")
-        if isinstance(credit, bool):
-            return not credit
+    if _get(result, "speed_credit") is False:
+        return True
     return bool(flag_names(_get(result, "flags")) & _penalised_set(penalised_flags))
 
 

@@ -28,6 +28,7 @@ from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
 from kb_gym.rewards import get_reward
+from kb_gym.rewards.multi_turn import best_reward
 from kb_gym.training.dedup import DedupEvaluator
 
 EPISODE_REWARDS = ("best", "last", "discounted")
@@ -70,13 +71,17 @@ class KernelMultiTurnRollout:
         text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
         return next((p for p in self.problems if p.code.strip() in text), None)
 
-    def episode_reward(self, turn_rewards: Sequence[float]) -> float:
+    def episode_reward(self, turn_rewards: Sequence[float], turn_results: Sequence[EvalResult] | None = None) -> float:
+        """The episode's reward from its turns'; with ``turn_results``, ``"best"`` counts a later turn above the
+        best only beyond timing noise (rewards.multi_turn.best_reward)."""
         if not turn_rewards:
             return float(self.reward(EvalResult(status=Status.FORMAT_ERROR.value, error="no answer"))[0])
         if self.episode == "last":
             return float(turn_rewards[-1])
         if self.episode == "discounted":
             return float(sum(self.gamma ** t * r for t, r in enumerate(turn_rewards)))
+        if turn_results is not None and len(turn_results) == len(turn_rewards):
+            return best_reward(list(zip(turn_results, turn_rewards, strict=True)))
         return float(max(turn_rewards))
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -108,7 +113,7 @@ class KernelMultiTurnRollout:
         finally:
             if config is not None:
                 config.max_new_tokens = saved
-        episode = [self.episode_reward(r) for r in turn_rewards]
+        episode = [self.episode_reward(r, rs) for r, rs in zip(turn_rewards, turn_results, strict=True)]
         return {"prompt_ids": prompt_ids, "completion_ids": completion, "logprobs": None, "env_mask": mask,
                 "kernel_turn_rewards": turn_rewards, "kernel_episode_reward": episode,
                 "kernel_turn_statuses": [[r.status for r in rs] for rs in turn_results]}

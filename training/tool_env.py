@@ -25,6 +25,7 @@ from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
 from kb_gym.rewards import get_reward
+from kb_gym.rewards.multi_turn import best_reward
 from kb_gym.training.dedup import DedupEvaluator
 
 
@@ -109,7 +110,9 @@ class KernelToolEnv:
             return float(self._reward(EvalResult(status=Status.FORMAT_ERROR.value, error="no submission"))[0])
         if self._score == "last":
             return float(self._reward(scored[-1])[0])
-        return max(float(self._reward(r)[0]) for r in scored)
+        # a later submission counts above the best only beyond timing noise (round 29: a no-op statement makes the
+        # same kernel another program, whose timing draw the best of four would pay)
+        return best_reward([(r, float(self._reward(r)[0])) for r in scored])
 
 
 class _Prefetching(list):
