@@ -329,9 +329,12 @@ def test_with_shared_stages_no_timing_overlaps_another_jobs_stage_and_verdicts_h
     takes: list[tuple[int, bool, int, bool]] = []  # (hold, exclusive, other shared holds, another exclusive)
     real_take = device_lock.DeviceHold.take
 
+    holds: list = []  # every hold kept alive: a freed one's id() can be the next one's (a CI run merged two)
+
     def spy(self, exclusive: bool) -> None:
         real_take(self, exclusive)
         lock = self.lock
+        holds.append(self)
         takes.append((id(self), exclusive, lock._shared - (0 if exclusive else 1), lock._exclusive and not exclusive))
 
     monkeypatch.setattr(device_lock.DeviceHold, "take", spy)

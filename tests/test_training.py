@@ -533,7 +533,7 @@ def test_a_multi_turn_rollout_masks_exactly_the_feedback_and_scores_the_episode(
     from types import SimpleNamespace
 
     from kb_gym.training import KernelMultiTurnRollout
-    from kb_gym.training.rollout import _ids, _suffix
+    from kb_gym.training.rollout import _ids, _render
 
     _, tokenizer = tiny_lm
     relu = next(p for p in load_problems("builtin", size="cpu") if p.key == RELU)
@@ -557,7 +557,10 @@ def test_a_multi_turn_rollout_masks_exactly_the_feedback_and_scores_the_episode(
     # the template's user turn with the verdict, then the next assistant header: nothing of the model's
     conv = [*prompt, {"role": "assistant", "content": tokenizer.decode(first)}]
     assert between.startswith("user: Evaluation of your answer: incorrect.") and between.endswith("assistant: ")
-    assert between == _suffix(tokenizer, conv, {"role": "user", "content": between[len("user: "):-len("\nassistant: ")]})
+    # and it is what the template itself renders after this very conversation (the suffix is made from a fixed one)
+    feedback = {"role": "user", "content": between[len("user: "):-len("\nassistant: ")]}
+    base = _render(tokenizer, conv, generation_prompt=False)
+    assert between == _render(tokenizer, [*conv, feedback], generation_prompt=True)[len(base):]
     turn = out["kernel_turn_rewards"][0]
     assert out["kernel_episode_reward"][0] == max(turn) == turn[1] > turn[0]
     logged: dict[str, float] = {}
@@ -566,8 +569,11 @@ def test_a_multi_turn_rollout_masks_exactly_the_feedback_and_scores_the_episode(
     assert scores == out["kernel_episode_reward"] and logged["kernel_multi_turn/turns"] == 2
     assert logged["kernel_multi_turn/turn1/correct"] == 0.0 and logged["kernel_multi_turn/turn2/correct"] == 1.0
     for episode, expected in (("last", turn[1]), ("discounted", turn[0] + 0.4 * turn[1])):
-        assert KernelMultiTurnRollout([relu], episode=episode, evaluator=reward_fn.evaluator).episode_reward(turn) \
-            == pytest.approx(expected)
+        assert KernelMultiTurnRollout([relu], max_turns=2, episode=episode,
+                                      evaluator=reward_fn.evaluator).episode_reward(turn) == pytest.approx(expected)
+    # a rollout the budget ended after its first turn counts that turn's reward for the turn it did not get
+    three = KernelMultiTurnRollout([relu], max_turns=3, episode="discounted", evaluator=reward_fn.evaluator)
+    assert three.episode_reward(turn[:1]) == pytest.approx(turn[0] * (1 + 0.4 + 0.16))
 
 
 def test_grpo_runs_two_steps_through_the_multi_turn_rollout(tiny_lm, tmp_path):

@@ -26,44 +26,72 @@ DEDUP_SCOPES = ("off", "batch", "run")
 DEFAULT_MAX_SOURCE_CHARS = EvalConfig().max_source_chars
 
 
-def program_key(problem_key: str, text: str) -> str:
-    """What makes two answers the same candidate: the problem and the program the evaluator will extract."""
+def program_key(problem_key: str, text: str, max_source_chars: int = DEFAULT_MAX_SOURCE_CHARS) -> str:
+    """What makes two answers the same candidate: the problem and the program the evaluator will extract;
+    ``max_source_chars``: the limit of the config it will be evaluated under."""
     if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
         # refused on the text itself, whatever program it holds: its own key, never a short sibling's verdict
         body = "\x00refused\x00" + (text if isinstance(text, str) else repr(type(text)))
     else:
         code = extract_code(text).code
-        body = _program(code) + _prechecked(code) if code is not None else "\x00no-code\x00" + text
+        if code is None:
+            body = "\x00no-code\x00" + text
+        elif len(code) > min(MAX_PARSE_CHARS, max_source_chars):
+            # refused for its length before anything parses it: keyed by its text, never parsed here either (round
+            # 29: a 960 KB program cost the trainer 3.7-5.8 s and ~600 MB to key, and the evaluator 0.2 s to refuse)
+            body = "\x00long\x00" + code + _prechecked(code, max_source_chars)
+        else:
+            body = _program(code) + _prechecked(code, max_source_chars)
     # surrogatepass: "replace" made a lone surrogate and "?" one program (round 10)
     return problem_key + ":" + hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class _DropBareStrings(ast.NodeTransformer):
-    """Docstrings and other string statements do nothing: dropped, as comments and layout are by parsing."""
+    """String statements do nothing: dropped, as comments and layout are by parsing. Except a docstring (the first
+    statement of a module, class or function body): the program can read it (``ModelNew.__doc__``), so two programs
+    that differ in one may behave differently (round 29: ``float(ModelNew.__doc__)`` as a scale)."""
 
-    def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
-        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            return None
-        return self.generic_visit(node)
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        keep_first = isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        for name in ("body", "orelse", "finalbody"):
+            statements = getattr(node, name, None)
+            if isinstance(statements, list):
+                setattr(node, name, [st for k, st in enumerate(statements)
+                                     if (keep_first and name == "body" and k == 0) or not _bare_string(st)])
+        return super().generic_visit(node)
+
+
+def _bare_string(statement: ast.AST) -> bool:
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
 
 
 def _program(code: str) -> str:
-    """The program as the interpreter sees it: a changed comment, blank line, trailing space or docstring is the
+    """The program as the interpreter sees it: a changed comment, blank line, trailing space or bare string is the
     same program (round 11: four such copies of one kernel were four timing draws, and an episode that pays its best
-    turn paid the best draw). Source that does not parse (or too deep to) is keyed by its text."""
+    turn paid the best draw; rewards.multi_turn.best_reward now holds such draws to the first). Source that does
+    not parse (or too deep to) is keyed by its text."""
     try:
         return "\x00ast\x00" + ast.dump(_DropBareStrings().visit(ast.parse(code)))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return code
 
 
-def _prechecked(code: str) -> str:
+def _prechecked(code: str, max_source_chars: int = DEFAULT_MAX_SOURCE_CHARS) -> str:
     """What the evaluator's precheck reads beyond the syntax tree: the code's length against its limits (the
-    static checks', and ``max_source_chars`` at its default) and a coding declaration. A comment can change each,
+    static checks', and the config's ``max_source_chars``) and a coding declaration. A comment can change each,
     and each changes the verdict (round 13: a 200 KB comment's ``format_error`` was shared with its plain sibling,
-    and the sibling's ``correct`` with it)."""
-    limits = (len(code) > MAX_PARSE_CHARS, len(code) > DEFAULT_MAX_SOURCE_CHARS)
+    and the sibling's ``correct`` with it; round 29: the same under a config's own limit)."""
+    limits = (len(code) > MAX_PARSE_CHARS, len(code) > max_source_chars)
     return f"\x00precheck\x00{limits}{declared_encoding_error(code)}"
+
+
+def _max_source_chars(config: Any) -> int:
+    """The source limit an evaluation under ``config`` (an EvalConfig, or none: the default) refuses past."""
+    try:
+        return int(getattr(config, "max_source_chars", DEFAULT_MAX_SOURCE_CHARS))
+    except (TypeError, ValueError):
+        return DEFAULT_MAX_SOURCE_CHARS
 
 
 def _settings_key(kwargs: dict[str, Any]) -> str:
@@ -86,7 +114,8 @@ class DedupEvaluator:
         self.misses = 0
 
     def submit(self, problem: Problem, text: str, **kwargs: Any) -> Future:
-        key = program_key(problem.key, text)
+        config = kwargs.get("config") or getattr(self.inner, "config", None)
+        key = program_key(problem.key, text, _max_source_chars(config))
         if kwargs.get("config") is not None or kwargs.get("seed") is not None:
             key += ":" + hashlib.sha256(_settings_key(kwargs).encode()).hexdigest()
         future = self.cache.get(key)

@@ -79,7 +79,10 @@ class KernelMultiTurnRollout:
         if self.episode == "last":
             return float(turn_rewards[-1])
         if self.episode == "discounted":
-            return float(sum(self.gamma ** t * r for t, r in enumerate(turn_rewards)))
+            # a rollout the completion budget ended early counts its last reward for the turns it did not get:
+            # padding an answer to end the rollout then dodges no later turn's penalty (round 29)
+            padded = list(turn_rewards) + [turn_rewards[-1]] * max(0, self.max_turns - len(turn_rewards))
+            return float(sum(self.gamma ** t * r for t, r in enumerate(padded)))
         if turn_results is not None and len(turn_results) == len(turn_rewards):
             return best_reward(list(zip(turn_results, turn_rewards, strict=True)))
         return float(max(turn_rewards))
@@ -145,8 +148,8 @@ class KernelMultiTurnRollout:
                 break
             still = []
             for i in active:
-                feedback = {"role": "user", "content": _feedback_text(turn_results[i][-1])}
-                suffix = _ids(tokenizer, _suffix(tokenizer, convs[i], feedback))
+                feedback = {"role": "user", "content": _feedback_text(turn_results[i][-1], tokenizer)}
+                suffix = _suffix_ids(tokenizer, feedback["content"])
                 if len(completion[i]) + len(suffix) >= budget:
                     continue  # no room for another answer: this rollout ends here
                 completion[i] += suffix
@@ -193,17 +196,54 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _suffix(tokenizer: Any, conversation: list[dict[str, str]], message: dict[str, str]) -> str:
-    """The text the chat template adds for ``message`` and the next assistant header, after ``conversation``."""
-    base = _render(tokenizer, conversation, generation_prompt=False)
-    full = _render(tokenizer, [*conversation, message], generation_prompt=True)
-    if not full.startswith(base):
+_PLACEHOLDER = "KBGYMFEEDBACKPLACEHOLDER"
+# a fixed conversation the feedback turn is rendered after: what the template adds for a user turn and the next
+# assistant header depends on the template only, never on what the policy wrote (round 29: templates that drop a
+# <think> block from an earlier assistant turn rendered the real conversation as no extension of itself, and one
+# answer holding "</think>" raised out of the rollout for the whole batch)
+_SAMPLE = [{"role": "user", "content": "Write a kernel."}, {"role": "assistant", "content": "Here it is."}]
+
+
+def _suffix_parts(tokenizer: Any) -> tuple[str, str]:
+    """The template's text before and after a feedback turn's content (with the next assistant header)."""
+    cached = getattr(tokenizer, "_kb_gym_feedback_parts", None)
+    if cached is not None and cached[0] == tokenizer.chat_template:
+        return cached[1]
+    base = _render(tokenizer, _SAMPLE, generation_prompt=False)
+    full = _render(tokenizer, [*_SAMPLE, {"role": "user", "content": _PLACEHOLDER}], generation_prompt=True)
+    if not full.startswith(base) or full.count(_PLACEHOLDER) != 1:
         raise ValueError("this chat template does not render a longer conversation as an extension of the shorter "
                          "one; multi-turn rollouts need one that does")
-    return full[len(base):]
+    before, after = full[len(base):].split(_PLACEHOLDER)
+    try:
+        tokenizer._kb_gym_feedback_parts = (tokenizer.chat_template, (before, after))
+    except AttributeError:  # a tokenizer that takes no new attributes: rendered again next time
+        pass
+    return before, after
 
 
-def _feedback_text(result: EvalResult) -> str:
+def _suffix_ids(tokenizer: Any, content: str) -> list[int]:
+    """The ids the chat template adds for a user turn holding ``content`` and the next assistant header. The
+    template's own text is tokenized with its control tokens; ``content`` (the candidate's messages within it) is
+    defused first, so that nothing it holds becomes one (round 29)."""
+    before, after = _suffix_parts(tokenizer)
+    return _ids(tokenizer, before) + _ids(tokenizer, _defused(tokenizer, content)) + _ids(tokenizer, after)
+
+
+def _defused(tokenizer: Any, text: str) -> str:
+    """``text`` with every string this tokenizer reads as one added (control) token broken by a space after its
+    first character (feedback.defused breaks the common ones for every tokenizer; this is the tokenizer's own)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens = {str(getattr(t, "content", t)) for t in added.values()} | set(getattr(tokenizer, "all_special_tokens", []))
+    for token in sorted((t for t in tokens if len(t) > 1), key=len, reverse=True):
+        if token in text:
+            text = text.replace(token, token[0] + " " + token[1:])
+    return text
+
+
+def _feedback_text(result: EvalResult, tokenizer: Any = None) -> str:
     feedback = (result.feedback or result.error or "").strip()
+    if tokenizer is not None:
+        feedback = _defused(tokenizer, feedback)
     return (f"Evaluation of your answer: {result.status}.\n{feedback}\n\nImprove it: fix what is wrong, or make the "
             "kernel faster if it is correct. Answer with the complete program in a single ```python code block.")
