@@ -256,7 +256,9 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         self.turn += 1
         reward, components = self._reward(result)
         solved = self._solved(result)
-        if is_correct(result) and not is_penalised(result):
+        # the reward's own flag set, not the default one: a step the reward penalised is neither solved nor a best
+        # speedup (red team round 30: a launch-bound 3x paid -0.1 ended the episode as solved)
+        if is_correct(result) and not is_penalised(result, self._reward.penalised_flags):
             speedup = valid_speedup(result.speedup)
             if speedup is not None and (self.best_speedup is None or speedup > self.best_speedup):
                 self.best_speedup = speedup
@@ -331,7 +333,7 @@ class KernelBenchEnv(gym.Env[dict[str, str], str]):
         return None
 
     def _solved(self, result: EvalResult) -> bool:
-        if not is_correct(result) or is_penalised(result):
+        if not is_correct(result) or is_penalised(result, self._reward.penalised_flags):
             return False
         if self.target_speedup is None:
             return True

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import iterate
 
@@ -43,6 +44,27 @@ class KernelBenchVectorEnv(SyncVectorEnv):
             if isinstance(base, KernelBenchEnv) and base.problem is not None and not base._done:
                 base.prefetch(action)
         return super().step(actions)
+
+    # The result's bookkeeping dicts differ in shape from problem to problem (``correctness["timed_output_check"]``
+    # is "whole" or a dict of chunk sizes): batched key by key, typed by the first env's values, a step of two
+    # problems on either side of the output-size line raised, or batched garbage (red team round 30). Each env's
+    # dict is kept whole in an object array instead, with its mask, as Gymnasium keeps objects it cannot batch.
+    OPAQUE_INFO = ("correctness", "stage_seconds", "hardware", "worker")
+
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        opaque = {k: env_info[k] for k in self.OPAQUE_INFO if isinstance(env_info.get(k), dict)}
+        infos = super()._add_info(vector_infos, {k: v for k, v in env_info.items() if k not in opaque}, env_num)
+        for key, value in opaque.items():
+            array = infos.get(key)
+            if not isinstance(array, np.ndarray) or array.dtype != object or array.shape != (self.num_envs,):
+                array = np.full(self.num_envs, fill_value=None, dtype=object)
+            array[env_num] = value
+            mask = infos.get(f"_{key}")
+            if not isinstance(mask, np.ndarray):
+                mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask[env_num] = True
+            infos[key], infos[f"_{key}"] = array, mask
+        return infos
 
     def close_extras(self, **kwargs: Any) -> None:
         super().close_extras(**kwargs)

@@ -256,8 +256,15 @@ def geometric_mean_speedup(
     for item in best_of_k(results, penalised_flags=penalised):
         sample = _sample(item, penalised)
         if sample.ok and sample.speedup is not None:
-            logs.append(math.log(sample.speedup))
+            logs.append(_credited_log(sample))
     return math.exp(_mean(logs)) if logs else None
+
+
+def _credited_log(sample: _Sample) -> float:
+    """log speedup of a correct sample, counted as 1.0x where the policy denied it speed credit: its claimed time is
+    the one the judge did not believe (``excessive_speedup``, ``unverified_timing``: red team round 30, a geomean of
+    100x over a 1.00x kernel and two 1000x claims)."""
+    return math.log(sample.speedup) if sample.credited and sample.speedup is not None else 0.0
 
 
 def fast_key(p: float) -> str:
@@ -284,11 +291,12 @@ def _summarize_group(
         fast = [_per_task_fraction(t, lambda x, th=float(p): x.is_fast(th)) for t in per_task]
         row[fast_key(p)] = _mean(fast)
     best = [max((s for s, _ in t), key=lambda x: x.rank) for t in per_task if t]
-    logs = [math.log(s.speedup) for s in best if s.ok and s.speedup is not None]
+    logs = [_credited_log(s) for s in best if s.ok and s.speedup is not None]
     row["geomean_speedup"] = math.exp(_mean(logs)) if logs else None
-    # How close to the hardware: the median, over tasks whose best sample is correct, of that sample's
-    # share of the speed-of-light floor (None where no result carries one, e.g. CPU runs).
-    sols = [s.sol_fraction for s in best if s.ok and s.sol_fraction is not None]
+    # How close to the hardware: the median, over tasks whose best sample is correct and credited, of that sample's
+    # share of the speed-of-light floor (None where no result carries one, e.g. CPU runs); an uncredited time is
+    # not the kernel's (round 30: 160% of the speed of light)
+    sols = [s.sol_fraction for s in best if s.ok and s.credited and s.sol_fraction is not None]
     row["median_sol_fraction"] = statistics.median(sols) if sols else None
     for k in ks:  # fast_p@k: the unbiased estimate that one of k samples per task is fast (fast_p_at_k)
         for p in ps:

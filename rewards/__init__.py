@@ -13,6 +13,7 @@ from kb_gym.rewards.presets import (
     is_correct,
     is_penalised,
     kevin_reward,
+    penalised_flags_of,
     speed_term,
     valid_speedup,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "improvement_reward",
     "is_correct",
     "is_penalised",
+    "penalised_flags_of",
     "kevin_reward",
     "list_rewards",
     "register_reward",

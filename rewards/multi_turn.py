@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from kb_gym.result import EvalResult, valid_speedup
-from kb_gym.rewards.presets import is_correct, is_penalised
+from kb_gym.rewards.presets import is_correct, is_penalised, penalised_flags_of
 from kb_gym.rewards.registry import RewardFn, finite, get_reward
 
 MODES = ("per_step", "improvement")
@@ -61,14 +61,15 @@ def _interval(result: Any) -> tuple[float, float] | None:
     return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
 
 
-def timing_noise_only(result: Any, best: Any) -> bool:
+def timing_noise_only(result: Any, best: Any, penalised_flags: Any = None) -> bool:
     """Whether ``result`` differs from ``best`` only by a draw of timing noise: both correct, with the same
     speed credit and usable speedups, ``result``'s no more than REPEAT_MARGIN above the best's or their 95%
     intervals overlapping. Then its higher reward is not counted above the best's. A result with a better
-    status or credit, or one faster beyond both, is better."""
+    status or credit, or one faster beyond both, is better. ``penalised_flags``: the reward's own set
+    (presets.penalised_flags_of), by which the credit is judged."""
     if best is None or not (is_correct(result) and is_correct(best)):
         return False
-    if is_penalised(result) != is_penalised(best):
+    if is_penalised(result, penalised_flags) != is_penalised(best, penalised_flags):
         return False
     speedup = result.get("speedup") if isinstance(result, dict) else getattr(result, "speedup", None)
     best_speedup = best.get("speedup") if isinstance(best, dict) else getattr(best, "speedup", None)
@@ -80,13 +81,14 @@ def timing_noise_only(result: Any, best: Any) -> bool:
     return ours is not None and theirs is not None and ours[0] <= theirs[1]
 
 
-def best_reward(scored: list[tuple[Any, float]]) -> float:
+def best_reward(scored: list[tuple[Any, float]], penalised_flags: Any = None) -> float:
     """The best reward of ``(result, reward)`` pairs in submission order, a later one counting above the best so
-    far only where it is better by more than timing noise (``timing_noise_only``)."""
+    far only where it is better by more than timing noise (``timing_noise_only``, under the reward's
+    ``penalised_flags``)."""
     best_result, best = None, None
     for result, reward in scored:
         reward = float(reward)
-        if best is None or (reward > best and not timing_noise_only(result, best_result)):
+        if best is None or (reward > best and not timing_noise_only(result, best_result, penalised_flags)):
             best_result, best = result, reward
     if best is None:
         raise ValueError("best_reward needs at least one scored result")
@@ -104,6 +106,7 @@ class MultiTurnReward:
         if mode not in MODES:
             raise ValueError(f"Unknown multi-turn mode {mode!r}; use one of {', '.join(MODES)}.")
         self.base = get_reward(base, **kwargs)
+        self.penalised_flags = penalised_flags_of(self.base)
         self.mode = mode
         self.best_so_far: float | None = None
         self.best_result: EvalResult | None = None
@@ -118,7 +121,7 @@ class MultiTurnReward:
         raw = finite(raw)
         # a draw of timing noise above the best counts as the best, not above it
         counted = min(raw, self.best_so_far) if (
-            self.best_so_far is not None and timing_noise_only(result, self.best_result)) else raw
+            self.best_so_far is not None and timing_noise_only(result, self.best_result, self.penalised_flags)) else raw
         shaped = raw if self.mode == "per_step" else shape_multi_turn(counted, self.best_so_far, self.mode)
         if self.best_so_far is None or counted > self.best_so_far:
             self.best_so_far, self.best_result = counted, result

@@ -87,6 +87,18 @@ def is_penalised(result: Any, penalised_flags: Iterable[str] | None = None) -> b
     return bool(flag_names(_get(result, "flags")) & _penalised_set(penalised_flags))
 
 
+def penalised_flags_of(reward: Any) -> frozenset[str] | None:
+    """The flag set a bound reward (``get_reward``) penalises beyond the policy's verdict, or None (the default
+    set): what code beside the reward (the env's ``solved``, the best-of-episode rule) must judge a result by, so
+    that it never calls a result credited that the reward penalised (red team round 30)."""
+    kwargs = getattr(reward, "reward_kwargs", None) or {}
+    if kwargs.get("penalised_flags") is not None:
+        return _penalised_set(kwargs["penalised_flags"])
+    config = kwargs.get("config")
+    flags = getattr(config, "penalised_flags", None)
+    return frozenset(flags) if flags is not None else None
+
+
 # --------------------------------------------------------------------------- default
 
 

@@ -147,7 +147,7 @@ class KernelRewardFunction:
             pass
         results = [f.result() if isinstance(f, Future) else self._unknown(f) for f in futures]
         seconds = time.perf_counter() - started
-        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's service keeps its own
+        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's writes to the service's store
         for i, copy in enumerate(copies):
             if copy:  # its own object, and a row of its own in the store: every sample is recorded
                 results[i] = EvalResult.from_dict(results[i].to_dict())
@@ -173,7 +173,7 @@ class KernelRewardFunction:
             warnings.warn(f"{message}; is KernelRewardConfig.dataset the training set's dataset?", stacklevel=3)
             self._warned = True
         result = EvalResult(status="format_error", problem_name=str(key), error=message, feedback=message)
-        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's service keeps its own
+        store = getattr(self.evaluator, "store", None)  # a RayEvaluator's writes to the service's store
         if store is not None:
             store.append(result)  # recorded like every other sample
         return result

@@ -27,7 +27,7 @@ from kb_gym.config import EvalConfig
 from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
-from kb_gym.rewards import get_reward
+from kb_gym.rewards import get_reward, penalised_flags_of
 from kb_gym.rewards.multi_turn import best_reward
 from kb_gym.training.dedup import DedupEvaluator
 
@@ -84,7 +84,7 @@ class KernelMultiTurnRollout:
             padded = list(turn_rewards) + [turn_rewards[-1]] * max(0, self.max_turns - len(turn_rewards))
             return float(sum(self.gamma ** t * r for t, r in enumerate(padded)))
         if turn_results is not None and len(turn_results) == len(turn_rewards):
-            return best_reward(list(zip(turn_results, turn_rewards, strict=True)))
+            return best_reward(list(zip(turn_results, turn_rewards, strict=True)), penalised_flags_of(self.reward))
         return float(max(turn_rewards))
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:

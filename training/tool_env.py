@@ -24,7 +24,7 @@ from kb_gym.config import EvalConfig
 from kb_gym.evaluator import Evaluator
 from kb_gym.problems import Problem, load_problems
 from kb_gym.result import EvalResult, Status
-from kb_gym.rewards import get_reward
+from kb_gym.rewards import get_reward, penalised_flags_of
 from kb_gym.rewards.multi_turn import best_reward
 from kb_gym.training.dedup import DedupEvaluator
 
@@ -112,7 +112,7 @@ class KernelToolEnv:
             return float(self._reward(scored[-1])[0])
         # a later submission counts above the best only beyond timing noise (round 29: a no-op statement makes the
         # same kernel another program, whose timing draw the best of four would pay)
-        return best_reward([(r, float(self._reward(r)[0])) for r in scored])
+        return best_reward([(r, float(self._reward(r)[0])) for r in scored], penalised_flags_of(self._reward))
 
 
 class _Prefetching(list):

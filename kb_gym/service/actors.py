@@ -168,6 +168,15 @@ class EvaluationService:
             self.store.append(EvalResult.from_dict(result))
         return result
 
+    async def record(self, result: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """A result a client made without an evaluation (a dedup copy, a sample naming no known problem), written to
+        the service's store beside the ones it evaluated: every sample is recorded (red team round 30: through Ray,
+        three copies of one answer and an unknown problem's sample left one row)."""
+        if self.store is not None:
+            from kb_gym.result import EvalResult
+
+            self.store.append(EvalResult.from_dict(result), extra=extra)
+
     async def shutdown(self) -> None:
         for w in self.workers:
             try:

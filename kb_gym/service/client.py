@@ -50,6 +50,8 @@ class RayEvaluator(EvaluationAPI):
         self.name = name
         self.devices = [w["device"] for w in self.ray.get(self.service.ready.remote())]
         self._closed = False
+        # what a caller records beside the evaluations (the reward function's dedup copies): the service's store
+        self.store = _ServiceStore(self)
 
     def submit(self, problem: Problem, text: str, *, seed: int | None = None,
                config: EvalConfig | None = None) -> Future:
@@ -87,6 +89,17 @@ class RayEvaluator(EvaluationAPI):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ServiceStore:
+    """The results store's ``append`` for a RayEvaluator's callers: the row goes to the service's store, where the
+    service writes the results it evaluated (a service started with no store records none of these either)."""
+
+    def __init__(self, client: RayEvaluator) -> None:
+        self.client = client
+
+    def append(self, result: EvalResult, extra: dict[str, Any] | None = None) -> None:
+        self.client.ray.get(self.client.service.record.remote(result.to_dict(), extra))
 
 
 def connect(spec: str | None, **kwargs: Any) -> Any:

@@ -140,15 +140,18 @@ def _evaluate_missing(jobs: Sequence[tuple[Problem, int]], answers: dict[tuple[s
     rows = _rows_of(path, model)
     have = {(r["problem_key"], int(r.get("sample", 0))) for r in rows}
     known = {}  # code key -> (sample, result) already on disk, for duplicates across calls
+    # keyed under the source limit the evaluations run with (round 30: a padded copy over a config's own limit was
+    # the plain program's duplicate, and the honest sample recorded with the padded one's format_error)
+    limit = config_preset(cfg.eval_preset, **cfg.eval_config).max_source_chars
     if cfg.dedup:
         for r in rows:
             text = answers.get((r["problem_key"], int(r.get("sample", 0))))
             if text is not None and "duplicate_of" not in r:
-                known.setdefault(program_key(r["problem_key"], text), (int(r.get("sample", 0)), r))
+                known.setdefault(program_key(r["problem_key"], text, limit), (int(r.get("sample", 0)), r))
     left = [(p, k) for p, k in jobs if (p.key, k) not in have and (p.key, k) in answers]
     groups: dict[str, list[tuple[Problem, int]]] = {}
     for p, k in left:
-        key = program_key(p.key, answers[(p.key, k)]) if cfg.dedup else f"{p.key}:{k}"
+        key = program_key(p.key, answers[(p.key, k)], limit) if cfg.dedup else f"{p.key}:{k}"
         groups.setdefault(key, []).append((p, k))
     stats = {"evaluated": 0, "duplicates": 0, "eval_seconds": 0.0, "slowest_s": 0.0}
     if not groups:
