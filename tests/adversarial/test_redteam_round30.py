@@ -308,7 +308,9 @@ def test_the_learning_check_does_not_share_a_verdict_across_the_configs_source_l
     answers = {(RELU.key, 0): fenced(PADDED), (RELU.key, 1): fenced(SOLUTION)}
     _evaluate_missing([(RELU, 0), (RELU, 1)], answers, "policy", cfg, tmp_path / "results.jsonl", Deadline(120),
                       evaluator=judge)
-    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    # the two are evaluated side by side: recorded in the order they finished
+    rows = sorted((json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()),
+                  key=lambda r: r["sample"])
     assert [(r["sample"], r["status"]) for r in rows] == [(0, "format_error"), (1, "correct")], rows
 
 
