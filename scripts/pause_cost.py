@@ -70,7 +70,7 @@ def compile_cost(device: str, pause: str) -> dict:
     tag = "pause_" + uuid.uuid4().hex[:8]  # a source no build cache holds
     source = CPP.replace("TAG", tag)
     config = EvalConfig(trials=2, timing_min_reps=10, timing_max_reps=30, timing_warmup=1, timing_max_seconds=3,
-                        load_timeout=600, correctness_timeout=60, timing_timeout=60, tolerance=1e-3)
+                        load_timeout=600, correctness_timeout=60, timing_timeout=60)
     with Evaluator(device, results_path=False, baseline_cache=False, workers_per_device=2) as ev:
         ev.warm()
         began = time.monotonic()
