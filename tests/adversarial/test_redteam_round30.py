@@ -109,24 +109,14 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from test_redteam_round29 import HEAD, LIGHT, PADDED, PROBLEMS, RELU, SOLUTION, _Fixed, _FixedEvaluator, fenced
 
-from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
-from kb_gym.feedback import render_feedback
-from kb_gym.problems import BUILTIN_DIR
+from kb_gym import EvalConfig, Evaluator
 from kb_gym.result import EvalResult
 from kb_gym.rewards import DEFAULT_PENALISED_FLAGS, get_reward
 
-PROBLEMS = load_problems("builtin", size="cpu")
-RELU = get_problem(PROBLEMS, name="level1/1_ReLU")
 THREE = PROBLEMS[:3]
-LIGHT = EvalConfig(trials=1, timing=False)
-SOLUTION = (BUILTIN_DIR / "solutions" / "level1" / "1_ReLU.py").read_text()  # an honest Triton ReLU
-HEAD = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def fenced(code: str) -> str:
-    return "```python\n" + code + "```"
 
 
 def _correct(speedup: float, *, credit: bool = True, flags: tuple[str, ...] = (), sol: float | None = None,
@@ -136,46 +126,6 @@ def _correct(speedup: float, *, credit: bool = True, flags: tuple[str, ...] = ()
                       speedup_ci=[speedup - ci, speedup + ci], runtime_ms=1.0 / speedup, ref_runtime_ms=1.0,
                       timing_reps=30, flags=list(flags), speed_credit=credit, integrity_policy="strict",
                       speed_of_light_fraction=sol)
-
-
-class _Fixed:
-    """A stand-in judge: ``make(text)`` is the verdict of each submission (counted)."""
-
-    devices = ["cpu"]
-    store = None
-    config = LIGHT
-
-    def __init__(self, make):
-        self.make = make
-        self.calls: list[str] = []
-
-    def submit(self, problem, text, **_):
-        self.calls.append(text)
-        result = self.make(text)
-        result.problem_name, result.level = problem.name, problem.level
-        result.feedback = result.feedback or render_feedback(result)
-        future: Future = Future()
-        future.set_result(result)
-        return future
-
-    def close(self):
-        pass
-
-
-class _FixedEvaluator(Evaluator):
-    """``_Fixed`` with an Evaluator's type, for KernelBenchEnv (which accepts only an Evaluator)."""
-
-    def __init__(self, make):  # no workers, no threads
-        self.config = LIGHT
-        self.devices = ["cpu"]
-        self.store = None
-        self.judge = _Fixed(make)
-
-    def submit(self, problem, text, *, seed=None, config=None):
-        return self.judge.submit(problem, text)
-
-    def close(self):
-        pass
 
 
 # --- 1, 2, 12. evaluate-model over results the policy denied speed credit -------------------------------------------
@@ -284,7 +234,6 @@ def test_a_clean_kernel_after_one_the_preset_penalised_is_paid():
 
 # --- 5. the learning check's dedup keys the default source limit -----------------------------------------------------
 
-PADDED = SOLUTION + "".join(f"# padding line {k:05d} " + "x" * 80 + "\n" for k in range(300))  # ~30 KB
 
 
 def _prechecked_judge(limit):
