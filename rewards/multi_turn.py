@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from kb_gym.result import EvalResult, valid_speedup
-from kb_gym.rewards.presets import is_correct, is_penalised, penalised_flags_of
+from kb_gym.rewards.presets import _get, is_correct, is_penalised, penalised_flags_of
 from kb_gym.rewards.registry import RewardFn, finite, get_reward
 
 MODES = ("per_step", "improvement")
@@ -53,9 +53,8 @@ REPEAT_MARGIN = 0.10
 
 
 def _interval(result: Any) -> tuple[float, float] | None:
-    ci = result.get("speedup_ci") if isinstance(result, dict) else getattr(result, "speedup_ci", None)
     try:
-        low, high = (float(v) for v in ci)
+        low, high = (float(v) for v in _get(result, "speedup_ci"))
     except (TypeError, ValueError):
         return None
     return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
@@ -71,11 +70,10 @@ def timing_noise_only(result: Any, best: Any, penalised_flags: Any = None) -> bo
         return False
     if is_penalised(result, penalised_flags) != is_penalised(best, penalised_flags):
         return False
-    speedup = result.get("speedup") if isinstance(result, dict) else getattr(result, "speedup", None)
-    best_speedup = best.get("speedup") if isinstance(best, dict) else getattr(best, "speedup", None)
-    if valid_speedup(speedup) is None or valid_speedup(best_speedup) is None:
+    speedup, best_speedup = valid_speedup(_get(result, "speedup")), valid_speedup(_get(best, "speedup"))
+    if speedup is None or best_speedup is None:
         return False
-    if float(speedup) <= float(best_speedup) * (1.0 + REPEAT_MARGIN):
+    if speedup <= best_speedup * (1.0 + REPEAT_MARGIN):
         return True
     ours, theirs = _interval(result), _interval(best)
     return ours is not None and theirs is not None and ours[0] <= theirs[1]

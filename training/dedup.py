@@ -86,14 +86,6 @@ def _prechecked(code: str, max_source_chars: int = DEFAULT_MAX_SOURCE_CHARS) -> 
     return f"\x00precheck\x00{limits}{declared_encoding_error(code)}"
 
 
-def _max_source_chars(config: Any) -> int:
-    """The source limit an evaluation under ``config`` (an EvalConfig, or none: the default) refuses past."""
-    try:
-        return int(getattr(config, "max_source_chars", DEFAULT_MAX_SOURCE_CHARS))
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_SOURCE_CHARS
-
-
 def _settings_key(kwargs: dict[str, Any]) -> str:
     """The evaluation settings a submit names (config, seed): another config or seed is another evaluation."""
     config, seed = kwargs.get("config"), kwargs.get("seed")
@@ -114,8 +106,9 @@ class DedupEvaluator:
         self.misses = 0
 
     def submit(self, problem: Problem, text: str, **kwargs: Any) -> Future:
+        # under the source limit of the config it will be evaluated with (an EvalConfig; none: the default)
         config = kwargs.get("config") or getattr(self.inner, "config", None)
-        key = program_key(problem.key, text, _max_source_chars(config))
+        key = program_key(problem.key, text, getattr(config, "max_source_chars", DEFAULT_MAX_SOURCE_CHARS))
         if kwargs.get("config") is not None or kwargs.get("seed") is not None:
             key += ":" + hashlib.sha256(_settings_key(kwargs).encode()).hexdigest()
         future = self.cache.get(key)

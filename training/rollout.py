@@ -94,9 +94,8 @@ class KernelMultiTurnRollout:
         tokenizer = trainer.processing_class
         if not isinstance(prompts[0], list):
             raise ValueError("multi-turn rollouts need chat prompts: build_prompt_dataset(..., conversational=True)")
-        convs = [list(p) for p in prompts]
         problems = [self.problem_of(p) for p in prompts]
-        prompt_ids = [_ids(tokenizer, _render(tokenizer, c, generation_prompt=True)) for c in convs]
+        prompt_ids = [_ids(tokenizer, _render(tokenizer, list(p), generation_prompt=True)) for p in prompts]
         context = [list(ids) for ids in prompt_ids]
         completion: list[list[int]] = [[] for _ in prompts]
         mask: list[list[int]] = [[] for _ in prompts]
@@ -111,8 +110,8 @@ class KernelMultiTurnRollout:
         if config is not None:
             config.max_new_tokens = max(1, budget // self.max_turns)
         try:
-            self._turns(generate, tokenizer, convs, problems, context, completion, mask, turn_rewards, turn_results,
-                        budget, active)
+            self._turns(generate, tokenizer, problems, context, completion, mask, turn_rewards, turn_results, budget,
+                        active)
         finally:
             if config is not None:
                 config.max_new_tokens = saved
@@ -121,20 +120,19 @@ class KernelMultiTurnRollout:
                 "kernel_turn_rewards": turn_rewards, "kernel_episode_reward": episode,
                 "kernel_turn_statuses": [[r.status for r in rs] for rs in turn_results]}
 
-    def _turns(self, generate: Any, tokenizer: Any, convs: list[list[dict[str, str]]], problems: list[Problem | None],
-               context: list[list[int]], completion: list[list[int]], mask: list[list[int]],
+    def _turns(self, generate: Any, tokenizer: Any, problems: list[Problem | None], context: list[list[int]],
+               completion: list[list[int]], mask: list[list[int]],
                turn_rewards: list[list[float]], turn_results: list[list[EvalResult]], budget: int,
                active: list[int]) -> None:
         # a program answered again in one rollout gets its first verdict, not another timing draw (round 10)
-        episodes = [DedupEvaluator(self.evaluator) for _ in convs]
+        episodes = [DedupEvaluator(self.evaluator) for _ in problems]
         for turn in range(self.max_turns):
             generated, _ = generate([context[i] for i in active], None, {}, 1)
             texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-            for i, ids, text in zip(active, generated, texts, strict=True):
+            for i, ids in zip(active, generated, strict=True):
                 completion[i] += list(ids)
                 mask[i] += [1] * len(ids)
                 context[i] += list(ids)
-                convs[i].append({"role": "assistant", "content": text})
             # every running rollout's answer evaluated at once: the workers of every device share them
             pending: list[tuple[int, Future | EvalResult]] = [
                 (i, episodes[i].submit(problems[i], texts[k]) if problems[i] is not None
@@ -148,14 +146,13 @@ class KernelMultiTurnRollout:
                 break
             still = []
             for i in active:
-                feedback = {"role": "user", "content": _feedback_text(turn_results[i][-1], tokenizer)}
-                suffix = _suffix_ids(tokenizer, feedback["content"])
+                # the feedback turn's ids only: the template's text around it is rendered once (_suffix_parts)
+                suffix = _suffix_ids(tokenizer, _feedback_text(turn_results[i][-1]))
                 if len(completion[i]) + len(suffix) >= budget:
                     continue  # no room for another answer: this rollout ends here
                 completion[i] += suffix
                 mask[i] += [0] * len(suffix)
                 context[i] += suffix
-                convs[i].append(feedback)
                 still.append(i)
             active = still
             if not active:
@@ -241,9 +238,7 @@ def _defused(tokenizer: Any, text: str) -> str:
     return text
 
 
-def _feedback_text(result: EvalResult, tokenizer: Any = None) -> str:
+def _feedback_text(result: EvalResult) -> str:
     feedback = (result.feedback or result.error or "").strip()
-    if tokenizer is not None:
-        feedback = _defused(tokenizer, feedback)
     return (f"Evaluation of your answer: {result.status}.\n{feedback}\n\nImprove it: fix what is wrong, or make the "
             "kernel faster if it is correct. Answer with the complete program in a single ```python code block.")

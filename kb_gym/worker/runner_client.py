@@ -670,7 +670,7 @@ class RunnerProcess:
         ``later``: its pages freed on a thread of their own (payload.free_later), off the device hold."""
         if self.payload is not None:
             if later:
-                payload.free_later(self.payload, self.payload.fd)
+                payload.free_later(self.payload)
             else:
                 self.payload.close()
                 os.close(self.payload.fd)

@@ -408,7 +408,7 @@ def test_a_killed_runners_memfd_is_freed_off_the_judges_path():
     writer.write([torch.ones(nbytes // 4)], nbytes)
     assert torch.equal(reader.view(nbytes)[:8], torch.ones(2).view(torch.uint8))
     writer.close()  # the runner is gone: the judge's mapping and descriptor are the last references
-    thread = payload.free_later(reader, reader.fd)
+    thread = payload.free_later(reader)
     thread.join(timeout=10)
     assert not thread.is_alive() and reader.map is None
     with pytest.raises(OSError):
