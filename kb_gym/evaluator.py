@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kb_gym.baseline_cache import BaselineCache, baseline_key, measured_entry
+from kb_gym.calibration_board import CalibrationBoard
 from kb_gym.config import EvalConfig, resolve_config
 from kb_gym.device_lock import SHARING_MODES, DeviceLock, GpuClaim
 from kb_gym.device_turns import ALONE, EVICTING, SIDE_BY_SIDE, TURN_MEMORY_S, DeviceTurns
@@ -158,7 +159,11 @@ class Evaluator(EvaluationAPI):
             host_wide = d.startswith("cuda") and gpu_sharing == "wait"
             if host_wide or workers_per_device > 1:
                 locks[d] = DeviceLock(d, host_wide=host_wide)
-        self._workers = [WorkerHandle(d, locks.get(d)) for d in self.devices for _ in range(workers_per_device)]
+        # the calibrations a device's judges measured, reported as measured and passed to the device's other judges
+        # with each device grant (calibration_board.py, judge_timing.adopt_calibration)
+        board = CalibrationBoard()
+        self._workers = [WorkerHandle(d, locks.get(d), calibrations=board)
+                         for d in self.devices for _ in range(workers_per_device)]
         # held by a worker's thread while it uses the worker's process, and by an alone turn stopping it (device_turns)
         self._using = {handle: threading.Lock() for handle in self._workers}
         self._threads: list[threading.Thread] = []
@@ -169,9 +174,6 @@ class Evaluator(EvaluationAPI):
         # problem code -> its reference's output bytes, from any worker's evaluations: the judge maps a runner's
         # memfd for them before the device lock (payload.PREMAP_MIN_BYTES)
         self._output_bytes: dict[str, int] = {}
-        # (device, calibration key) -> the newest calibration a judge's pristine spare measured there: passed with the
-        # jobs of the same problem to the device's other judges (judge_timing.adopt_calibration)
-        self._calibrations: dict[tuple[str, tuple[Any, ...]], dict[str, Any]] = {}
         # jobs side by side on a device, or one alone after one ran out of its memory beside others (device_turns)
         self._turns = {d: DeviceTurns() for d in self.devices}
         # problem code -> (the turn its jobs start at, since when): its judge ran out of memory at the turns before
@@ -322,19 +324,6 @@ class Evaluator(EvaluationAPI):
         self._queue.put((job, problem, cfg, findings, future, time.perf_counter()))
         return future
 
-    def _keep_calibrations(self, device: str, measured: Any) -> None:
-        """A judge's fresh calibrations (judge_timing.spare_calibration), the newest per key and device."""
-        for entry in measured if isinstance(measured, list) else []:
-            try:
-                key = tuple(entry["key"])
-                newer = float(entry["measured_at"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            with self._lock:
-                kept = self._calibrations.get((device, key))
-                if kept is None or newer > float(kept["measured_at"]):
-                    self._calibrations[(device, key)] = entry
-
     def _serve(self, handle: WorkerHandle) -> None:
         while True:
             item = self._queue.get()
@@ -370,16 +359,12 @@ class Evaluator(EvaluationAPI):
             self._run_on(handle, base_job, problem, cfg, [], time.perf_counter(), implicit=True)
             job["cached_baseline"] = self._cached_baseline(handle, problem, cfg)
         started = time.perf_counter()
-        problem_hash = hashlib.sha256(problem.code.encode()).hexdigest()
         with self._lock:
             job["payload_hint"] = self._output_bytes.get(problem.code, 0)
             # a problem's first evaluation, whose outputs are not yet known, holds the device exclusively throughout:
             # two large correctness stages side by side could run an honest candidate out of GPU memory
             job["share_device"] = self.shared_stages and 0 < job["payload_hint"] <= SHARED_STAGE_MAX_BYTES
-            job["calibrations"] = [entry for (device, key), entry in self._calibrations.items()
-                                   if device == handle.device and key[0] == problem_hash]
         raw = self._run_turns(handle, job, problem, limits, cfg)
-        self._keep_calibrations(handle.device, raw.pop("calibrations", None))
         output_bytes = (raw.get("correctness") or {}).get("output_bytes")
         if isinstance(output_bytes, int) and output_bytes > 0:
             with self._lock:

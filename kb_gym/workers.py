@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_gym import sandbox
+from kb_gym.calibration_board import CalibrationBoard, problem_hash
 from kb_gym.device_lock import DeviceHold, DeviceLock
 from kb_gym.host_memory import candidate_memory_bytes
 from kb_gym.scratch_disk import tree_disk_usage
@@ -112,9 +113,11 @@ class WorkerHandle:
     the device alone.
     """
 
-    def __init__(self, device: str, device_lock: DeviceLock | None = None) -> None:
+    def __init__(self, device: str, device_lock: DeviceLock | None = None,
+                 calibrations: CalibrationBoard | None = None) -> None:
         self.device = device
         self.device_lock = device_lock
+        self.calibrations = calibrations  # shared by the Evaluator's workers: what each judge measured, for the others
         self.lock_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
         self.proc: subprocess.Popen | None = None
         self.reader: MessageReader | None = None
@@ -282,6 +285,7 @@ class WorkerHandle:
         except OSError as exc:
             return self._fail("crash", f"could not send the job to the worker ({exc})", mark, stage)
         paused_since: float | None = None  # a pause of its runner going on (worker/neighbours.py)
+        problem = problem_hash(job["problem_code"]) if isinstance(job.get("problem_code"), str) else ""
         pause_cap = stage_limits.get("timing", 300.0) + JUDGE_GRACE  # what one pause may take off: a measurement's
         while True:
             # The judge ends a runner's overrun itself a little before the limit; this is the backstop. A pause stops
@@ -328,6 +332,10 @@ class WorkerHandle:
                     stage_started += min(time.monotonic() - paused_since, pause_cap)
                     paused_since = None
                 continue
+            if msg.get("type") == "calibration":  # a spare's fresh calibration, for the device's other judges
+                if self.calibrations is not None:
+                    self.calibrations.keep(self.device, msg.get("entry"))
+                continue
             if msg.get("type") == "runner" and isinstance(msg.get("pid"), int):
                 self.runner_pid = msg["pid"]
                 continue
@@ -342,8 +350,11 @@ class WorkerHandle:
                     if not held_since:
                         held_since.append(time.monotonic())
                     device_wait += time.monotonic() - asked  # the waits are not the worker's time
+                grant: dict[str, Any] = {"type": "granted"}
+                if self.calibrations is not None and problem:  # measured by the device's judges up to now
+                    grant["calibrations"] = self.calibrations.for_problem(self.device, problem)
                 try:
-                    write_message(self.proc.stdin.fileno(), {"type": "granted"})
+                    write_message(self.proc.stdin.fileno(), grant)
                 except OSError as exc:
                     return self._fail("crash", f"could not grant the device to the worker ({exc})", mark, stage)
                 stage_started, paused_since = time.monotonic(), None  # granted: no pause of its runner goes on

@@ -78,7 +78,8 @@ class WorkerContext:
         self.peak_bytes_per_s, self.peak_flops = _device_peaks(self.device)
         self.secret = os.urandom(32)  # inputs' seeds are derived with it: never sent to a runner
         self.pool = RunnerPool(device, scratch_root) if runners else None
-        self.measured_calibrations: list[dict[str, Any]] = []  # since the last result was sent (adopt_calibration)
+        # the device's other judges' calibrations of the job's problem, as the evaluator had them at the last grant
+        self.granted_calibrations: list[dict[str, Any]] = []
         if self.pool is not None:
             self.pool.prestart()
         self.probe = start_probe(self.device, scratch_root) if self.pool is not None else None
@@ -125,6 +126,8 @@ class WorkerContext:
                 raise StageError("runtime_error", self.watcher.verdict)
         if not granted or granted.get("type") != "granted":
             raise StageError("crash", f"expected the device grant from the evaluator, got {granted!r}", restart=True)
+        shared = granted.get("calibrations")
+        self.granted_calibrations = shared if isinstance(shared, list) else []
 
     def speed_of_light_ms(self, inputs: list[Any], outputs: Any, model: Any, flops: int | None) -> float | None:
         """A time no correct kernel can beat on this device, with a 25% margin: every input and
@@ -303,8 +306,6 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         _cleanup(ctx, job_dir, result)
         # The runner's tree killed and waited for, and the judge's clean-up: held with the device (workers.py).
         result["stage_seconds"]["teardown"] = time.perf_counter() - teardown
-        # what this judge's pristine spares measured, for the evaluator to pass to its other judges (adopt_calibration)
-        result["calibrations"], ctx.measured_calibrations = ctx.measured_calibrations, []
     _bounded(result)
     return result
 

@@ -59,7 +59,7 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
     next candidate as usual. Reused for the same problem for CALIBRATION_TTL_S. None where no spare
     could measure it: the envelope is then reported, not charged."""
     key = path_key(job, chunk_bytes, widen)
-    adopt_calibration(ctx, key, job.get("calibrations"))
+    adopt_calibration(ctx, key, ctx.granted_calibrations)
     kept = ctx.calibrations.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < CALIBRATION_TTL_S:
         return kept[1]
@@ -81,12 +81,12 @@ def spare_calibration(ctx: WorkerContext, job: dict[str, Any], ref_mod: Any, ref
             return None
     if calibration is not None:
         ctx.calibrations[key] = (time.monotonic(), calibration)
-        if reuse and shareable(calibration, ctx.device.type):  # for the evaluator to pass to the device's other judges
-            ctx.measured_calibrations.append({"key": list(key), "overhead_ms": calibration.overhead_ms,
-                                              "spread_ms": calibration.spread_ms,
-                                              "cpu_overhead_ms": calibration.cpu_overhead_ms,
-                                              "cpu_spread_ms": calibration.cpu_spread_ms,
-                                              "measured_at": calibration.measured_at})
+        if reuse and shareable(calibration, ctx.device.type):
+            # at once, for the evaluator to pass to the device's other judges with their next grants (calibration_board)
+            ctx.send({"type": "calibration", "entry": {
+                "key": list(key), "overhead_ms": calibration.overhead_ms, "spread_ms": calibration.spread_ms,
+                "cpu_overhead_ms": calibration.cpu_overhead_ms, "cpu_spread_ms": calibration.cpu_spread_ms,
+                "measured_at": calibration.measured_at}})
     return calibration
 
 
@@ -110,10 +110,11 @@ def shareable(calibration: Calibration, device_kind: str) -> bool:
 
 
 def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
-    """A calibration another judge of this device measured for the problem (the evaluator passes them with the job),
-    kept where it is newer than this judge's own: each judge measuring its own costs 0.2-0.7 s of held device time
-    per problem (docs/benchmarks.md 0u). Calibrations come from pristine spares only, in judges: what a runner says
-    never reaches them. ``measured_at`` is time.monotonic(), one clock for every process of the host."""
+    """A calibration another judge of this device measured for the problem (the evaluator passes them with each
+    device grant: calibration_board.py), kept where it is newer than this judge's own: each judge measuring its own
+    costs 0.2-0.7 s of held device time per problem (docs/benchmarks.md 0u). Calibrations come from pristine spares
+    only, in judges: what a runner says never reaches them. ``measured_at`` is time.monotonic(), one clock for every
+    process of the host."""
     for entry in shared if isinstance(shared, list) else []:
         try:
             if tuple(entry["key"]) != key:

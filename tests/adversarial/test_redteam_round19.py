@@ -49,7 +49,7 @@ Held (normal tests):
    SIGBUS: the judge's mapping is of bytes the sealed file holds), and the next honest candidate again has its memfd
    premapped (``payload_premap_s`` > 0) and crosses it. 20-24 s each here.
 
-Not a test: calibrations shared between a device's judges (``Evaluator._keep_calibrations``, the judge's adoption)
+Not a test: calibrations shared between a device's judges (``calibration_board.py``, the judge's adoption)
 carry only what judges measured in pristine spares, keyed by the problem's hash, precision, tf32, chunk size and
 widening; nothing of a runner's replies reaches that list, and a timestamp from the future is refused. What a
 candidate can do to a calibration is round 9's: burn the CPU from the other worker while a spare calibrates. Shared,

@@ -311,8 +311,7 @@ def test_the_deferred_verdict_runs_after_the_kill_and_never_past_a_verdict(after
             raise StageError("runtime_error", "the knockout call failed")
 
     monkeypatch.setattr(job_mod, "_pipeline", pipeline)
-    ctx = types.SimpleNamespace(scratch_root=tmp_path, jobs_done=0, pool=None, device=torch.device("cpu"),
-                                measured_calibrations=[])
+    ctx = types.SimpleNamespace(scratch_root=tmp_path, jobs_done=0, pool=None, device=torch.device("cpu"))
     result = job_mod.run_job(ctx, {"source": ""})
     if after == "kernel_check_fails":
         assert order == ["kill"] and result["status"] == "runtime_error" and "runtime_ms" not in result
