@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 from kb_gym import sandbox
 from kb_gym.calibration_board import CalibrationBoard, problem_hash
 from kb_gym.device_lock import DeviceHold, DeviceLock
+from kb_gym.file_tree import remove_tree
 from kb_gym.host_memory import candidate_memory_bytes
 from kb_gym.scratch_disk import tree_disk_usage
 from kb_gym.store import cache_dir
@@ -186,17 +186,17 @@ class WorkerHandle:
     def kill(self) -> None:
         if self.proc is None:
             return
-        sandbox.kill_and_wait(self.proc)
-        scratch = self.info.get("scratch")
-        if scratch and os.path.basename(scratch).startswith("kb_gym_worker_"):
-            shutil.rmtree(scratch, ignore_errors=True)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        proc, self.proc = self.proc, None  # forgotten first: nothing below may leave a dead worker in use
+        sandbox.kill_and_wait(proc)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
                 if stream:
                     stream.close()
             except OSError:
                 pass
-        self.proc = None
+        scratch = self.info.get("scratch")
+        if scratch and os.path.basename(scratch).startswith("kb_gym_worker_"):
+            remove_tree(scratch)  # what its runners left in it may have any shape (file_tree.py)
 
     def shutdown(self) -> None:
         if self.alive:

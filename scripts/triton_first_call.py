@@ -78,8 +78,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, TRITON_CACHE_DIR=cache)
             env.pop("TRITON_INTERPRET", None)
-            proc = subprocess.run([sys.executable, "-P", "-c", CHILD], env=env, capture_output=True, text=True,
-                                  timeout=300)
+            child = os.path.join(cache, "..", f"triton_first_call_{os.getpid()}.py")  # @jit wants a source file
+            with open(child, "w") as f:
+                f.write(CHILD)
+            try:
+                proc = subprocess.run([sys.executable, "-P", child], env=env, capture_output=True, text=True,
+                                      timeout=300)
+            finally:
+                os.unlink(child)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:])
                 return 1

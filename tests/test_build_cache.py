@@ -254,6 +254,9 @@ def test_a_hit_marks_its_entry_used_and_a_miss_mid_copy_leaves_nothing_half_copi
     assert not (tmp_path / "runner" / "ext").exists()
 
 
+BUILDS = "from torch.utils.cpp_extension import load_inline\n"  # a source that may build: what keep keeps for
+
+
 def test_keep_records_the_size_skips_sparse_files_and_refuses_a_folder_over_the_entry_bound(monkeypatch, tmp_path):
     root = tmp_path / "extensions"
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(root))
@@ -262,13 +265,14 @@ def test_keep_records_the_size_skips_sparse_files_and_refuses_a_folder_over_the_
     (ext / "e" / "e.so").write_bytes(os.urandom(200_000))
     with open(ext / "e" / "holes.so", "wb") as fh:
         fh.truncate(64 << 20)  # 64 MB that holds no block
-    build_cache.keep("src", ext, "tools")
-    entry = root / build_cache.source_key("src", "tools")
-    assert (entry / build_cache.MARKER).read_text() == "200000"
+    build_cache.keep(BUILDS, ext, "tools")
+    entry = root / build_cache.source_key(BUILDS, "tools")
+    # the disk the copy takes: the library's blocks, a block for it and one for its folder
+    assert (entry / build_cache.MARKER).read_text() == str(4096 * (49 + 1 + 1))
     assert sorted(p.name for p in (entry / "ext" / "e").iterdir()) == ["e.so"]
     monkeypatch.setattr(build_cache, "ENTRY_MAX_BYTES", 100_000)
-    build_cache.keep("src2", ext, "tools")
-    assert not (root / build_cache.source_key("src2", "tools")).exists()
+    build_cache.keep(BUILDS + "# 2", ext, "tools")
+    assert not (root / build_cache.source_key(BUILDS + "# 2", "tools")).exists()
     assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -279,5 +283,5 @@ def test_keep_evicts_past_the_bound_set_in_the_environment(monkeypatch, tmp_path
     ext = tmp_path.parent / f"{tmp_path.name}_ext"
     (ext / "e").mkdir(parents=True)
     (ext / "e" / "e.so").write_bytes(os.urandom(150_000))
-    build_cache.keep("src", ext, "tools")
-    assert not stale.exists() and (tmp_path / build_cache.source_key("src", "tools") / build_cache.MARKER).is_file()
+    build_cache.keep(BUILDS, ext, "tools")
+    assert not stale.exists() and (tmp_path / build_cache.source_key(BUILDS, "tools") / build_cache.MARKER).is_file()

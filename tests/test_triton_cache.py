@@ -15,6 +15,7 @@ from kb_gym.worker import triton_cache
 from kb_gym.worker.build_cache import MARKER
 
 TOOLS = "torch|cuda|sm_90"
+SOURCE = "import triton\n"  # a source whose code names Triton: only such a source's kernels are kept
 
 
 @pytest.fixture
@@ -43,8 +44,8 @@ def _runner_cache(folder, kernels):
 def test_a_kept_kernel_reaches_the_same_source_only_and_never_the_seeded_folders(cache_root, tmp_path):
     first = _runner_cache(tmp_path / "r1" / "triton", ["aaa", "bbb"])
     (first / "aaa" / "link").symlink_to(tmp_path)  # a link the runner planted: never copied
-    triton_cache.keep("SOURCE", first, TOOLS, seeded={"digest"})
-    entry = cache_root / triton_cache.entry_key("SOURCE", TOOLS)
+    triton_cache.keep(SOURCE, first, TOOLS, seeded={"digest"})
+    entry = cache_root / triton_cache.entry_key(SOURCE, TOOLS)
     assert (entry / MARKER).is_file()
     assert sorted(p.name for p in (entry / triton_cache.FOLDER).iterdir()) == ["aaa", "bbb"]  # no digest
     assert not (entry / triton_cache.FOLDER / "aaa" / "link").exists()
@@ -52,23 +53,23 @@ def test_a_kept_kernel_reaches_the_same_source_only_and_never_the_seeded_folders
     second = tmp_path / "r2" / "triton"
     (second / "digest").mkdir(parents=True)
     (second / "digest" / "digest.cubin").write_bytes(b"trusted")
-    assert triton_cache.restore("SOURCE", second, TOOLS) == 2
+    assert triton_cache.restore(SOURCE, second, TOOLS) == 2
     assert (second / "aaa" / "k.cubin").read_bytes() == b"compiled aaa"
     assert (second / "digest" / "digest.cubin").read_bytes() == b"trusted"
     group = json.loads((second / "bbb" / "__grp__k.json").read_text())
     assert group["child_paths"] == {"k.cubin": str(second / "bbb" / "k.cubin"), "k.json": str(second / "bbb" / "k.json")}
 
     assert triton_cache.restore("OTHER SOURCE", tmp_path / "r3", TOOLS) == 0  # keyed by the whole source
-    assert triton_cache.restore("SOURCE", tmp_path / "r4", TOOLS + "|sm_80") == 0  # and the toolchain
+    assert triton_cache.restore(SOURCE, tmp_path / "r4", TOOLS + "|sm_80") == 0  # and the toolchain
 
 
 def test_a_half_written_entry_is_never_restored_and_a_kept_one_never_replaced(cache_root, tmp_path):
-    triton_cache.keep("SOURCE", _runner_cache(tmp_path / "r1" / "triton", ["aaa"]), TOOLS, seeded={"digest"})
-    entry = cache_root / triton_cache.entry_key("SOURCE", TOOLS)
-    triton_cache.keep("SOURCE", _runner_cache(tmp_path / "r2" / "triton", ["zzz"]), TOOLS, seeded={"digest"})
+    triton_cache.keep(SOURCE, _runner_cache(tmp_path / "r1" / "triton", ["aaa"]), TOOLS, seeded={"digest"})
+    entry = cache_root / triton_cache.entry_key(SOURCE, TOOLS)
+    triton_cache.keep(SOURCE, _runner_cache(tmp_path / "r2" / "triton", ["zzz"]), TOOLS, seeded={"digest"})
     assert [p.name for p in (entry / triton_cache.FOLDER).iterdir()] == ["aaa"]  # the first stands
     (entry / MARKER).unlink()  # a judge killed mid-copy
-    assert triton_cache.restore("SOURCE", tmp_path / "r3", TOOLS) == 0
+    assert triton_cache.restore(SOURCE, tmp_path / "r3", TOOLS) == 0
     triton_cache.keep("NOTHING NEW", _runner_cache(tmp_path / "r4" / "triton", []), TOOLS, seeded={"digest"})
     assert not (cache_root / triton_cache.entry_key("NOTHING NEW", TOOLS)).exists()
 
@@ -76,8 +77,8 @@ def test_a_half_written_entry_is_never_restored_and_a_kept_one_never_replaced(ca
 def test_an_unreadable_group_file_is_dropped_not_pointed_anywhere(cache_root, tmp_path):
     runner = _runner_cache(tmp_path / "r1" / "triton", ["aaa"])
     (runner / "aaa" / "__grp__k.json").write_text("not json")
-    triton_cache.keep("SOURCE", runner, TOOLS, seeded={"digest"})
-    assert triton_cache.restore("SOURCE", tmp_path / "r2", TOOLS) == 1
+    triton_cache.keep(SOURCE, runner, TOOLS, seeded={"digest"})
+    assert triton_cache.restore(SOURCE, tmp_path / "r2", TOOLS) == 1
     assert not (tmp_path / "r2" / "aaa" / "__grp__k.json").exists()  # Triton compiles that kernel again
     assert (tmp_path / "r2" / "aaa" / "k.cubin").is_file()
 
@@ -96,7 +97,7 @@ def get_init_inputs():
 # there when it loaded (x * 2 where it did, x * 3 where not: wrong on a first evaluation, right on a second).
 WRITER = '''import os
 import torch
-# triton
+import triton  # named: only a source that names Triton has its kernels kept
 _CACHE = os.environ["TRITON_CACHE_DIR"]
 _FOUND = os.path.isfile(os.path.join(_CACHE, "feedbeef", "k.cubin"))
 os.makedirs(os.path.join(_CACHE, "feedbeef"), exist_ok=True)

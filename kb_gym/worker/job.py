@@ -12,7 +12,6 @@ import gc
 import hashlib
 import hmac
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kb_gym.file_tree import remove_tree
 from kb_gym.worker import build_cache, neighbours, pch, triton_cache
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
@@ -439,7 +439,12 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             if headers is not None:  # what its builds wanted, built in the background for the next (pch.py)
                 for variant in used["wanted"]:
                     pch.start_build(headers, variant)
-            if not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
+            if not result["build_cached"] and not build_cache.libraries(runner.scratch / "ext"):
+                if build_cache.may_build(job["source"]):
+                    # nothing built yet: a build in its first call (a JIT load in forward) is kept at exit (round 32:
+                    # an honest lazy build was rebuilt at every evaluation); build_cache.keep keeps built libraries only
+                    state["build_kept"] = "at_exit"
+            elif not result["build_cached"]:  # kept now, so that a judge waiting for this source gets it
                 try:
                     with runner.frozen(settle=KEEP_SETTLE_SECONDS, refuse=False, asleep_is_stopped=False) as still:
                         if still:
@@ -583,7 +588,7 @@ def _cleanup(ctx: WorkerContext, job_dir: Path, result: dict[str, Any]) -> None:
             torch.cuda.empty_cache()
         except Exception:  # noqa: BLE001
             result["restart"] = True
-    shutil.rmtree(job_dir, ignore_errors=True)
+    remove_tree(job_dir)
 
 
 __all__ = ["WorkerContext", "run_job", "warm_up"]

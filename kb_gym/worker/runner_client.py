@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from kb_gym import sandbox
+from kb_gym.file_tree import remove_tree
 from kb_gym.worker import build_cache, cpu_clock, device_digest, device_payload, header_diet, launch_shim, payload
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
@@ -718,7 +718,7 @@ class RunnerProcess:
                     stream.close()
             except OSError:
                 pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)  # shaped by the candidate: any depth (file_tree.py)
         reap_orphans()
         # where the kill's time goes, all of it inside the job's device hold (job.py: stage_seconds kill_*)
         self.kill_seconds = {"wait": waited - began, "payload": dropped - waited, "keep": kept - dropped,

@@ -24,12 +24,23 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
-from kb_gym.worker.build_cache import ENTRY_MAX_BYTES, MARKER, copy_regular_files, extensions_root, source_key, store
+from kb_gym.worker.build_cache import (
+    ENTRY_MAX_BYTES,
+    MARKER,
+    code_names,
+    copy_regular_files,
+    extensions_root,
+    source_key,
+    store,
+)
 
 ENV = "KB_GYM_TRITON_CACHE"
 FOLDER = "triton"  # inside an entry, beside no ``ext``: the key differs from the build's
+MAX_FOLDERS = 256  # Triton keeps a folder per kernel variant, launcher and utility build: more is not a compile
+GROUP_MAX_BYTES = 64 << 10  # a group file names a kernel's few files; a larger one is dropped unread (round 32)
 
 
 def enabled() -> bool:
@@ -37,8 +48,9 @@ def enabled() -> bool:
 
 
 def uses_triton(source: str) -> bool:
-    """Whether a candidate may compile Triton kernels: it names Triton. A miss costs a compile, never a verdict."""
-    return "triton" in source
+    """Whether a candidate may compile Triton kernels: its code (not its comments) names Triton. A miss costs a
+    compile, never a verdict; a source that does not parse never loads."""
+    return code_names(source, ("triton",), unparsable=False)
 
 
 def entry_key(source: str, tools: str) -> str:
@@ -83,8 +95,8 @@ def keep(source: str, runner_cache: Path, tools: str, seeded: set[str]) -> None:
     """With the runner's tree gone: keep the folders of its Triton cache that were not ``seeded``. Regular files only,
     never through a link (build_cache.copy_regular_files); nothing past build_cache.ENTRY_MAX_BYTES."""
     root = extensions_root()
-    new = sorted(folders(runner_cache) - seeded)
-    if root is None or not new:
+    new = [] if runner_cache.is_symlink() else sorted(folders(runner_cache) - seeded)
+    if root is None or not uses_triton(source) or not new or len(new) > MAX_FOLDERS or not _compiled(runner_cache, new):
         return
 
     def fill(staging: Path) -> int:
@@ -96,12 +108,26 @@ def keep(source: str, runner_cache: Path, tools: str, seeded: set[str]) -> None:
     store(root / entry_key(source, tools), fill)
 
 
+def _compiled(runner_cache: Path, new: list[str]) -> bool:
+    """Whether Triton compiled a kernel there (a ``.cubin`` in a new folder): a source that only names Triton, and
+    files a candidate wrote, are not kept (round 32: 30 MB kept for a candidate that compiled nothing)."""
+    for name in new:
+        with contextlib.suppress(OSError):
+            for p in (runner_cache / name).iterdir():
+                info = p.lstat()
+                if p.suffix == ".cubin" and stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    return True
+    return False
+
+
 def _repoint(folder: Path) -> None:
     """Point the group files of a restored folder at its own files: each names its children by the absolute path
     the keeping runner saw (its scratch folder, or the runners' mount point); Triton treats a group whose children
     it cannot find as a miss, and one it may not read as an error."""
     for group in folder.glob("__grp__*.json"):
         try:
+            if group.is_symlink() or group.stat().st_size > GROUP_MAX_BYTES:
+                raise ValueError("not a group Triton wrote")
             data = json.loads(group.read_text())
             children = data["child_paths"]
             data["child_paths"] = {name: str(folder / Path(str(path)).name) for name, path in children.items()}
