@@ -207,6 +207,7 @@ class ProcessUsage(NamedTuple):
     ticks: int  # utime, stime, cutime, cstime (stat: keeps exited threads and reaped children, at 10 ms grain)
     gone: bool  # exited: a zombie
     exiting: bool  # gone, or in its exit (PF_EXITING)
+    system_ticks: int = 0  # stime and cstime of ``ticks``: its time in the kernel, on its own behalf
 
 
 def process_usage(pid: int) -> dict[int, ProcessUsage]:
@@ -219,6 +220,7 @@ def process_usage(pid: int) -> dict[int, ProcessUsage]:
             with open(f"/proc/{proc}/stat", "rb") as handle:
                 fields = handle.read().rsplit(b")", 1)[1].split()
             ticks = sum(int(v) for v in fields[11:15])
+            system_ticks = int(fields[12]) + int(fields[14])
             gone = fields[0] in (b"Z", b"X")
             exiting = gone or bool(int(fields[6]) & _PF_EXITING)
         except (OSError, IndexError, ValueError):
@@ -230,7 +232,7 @@ def process_usage(pid: int) -> dict[int, ProcessUsage]:
                     cpu_ns += int(handle.read().split()[0])
             except (OSError, IndexError, ValueError):
                 continue
-        usage[proc] = ProcessUsage(cpu_ns, ticks, gone, exiting)
+        usage[proc] = ProcessUsage(cpu_ns, ticks, gone, exiting, system_ticks)
     return usage
 
 

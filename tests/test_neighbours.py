@@ -19,6 +19,10 @@ from kb_gym.worker.loading import StageError
 from kb_gym.worker.runner_client import RunnerProcess
 
 BUSY = "import time\nwhile True:\n    time.perf_counter()\n"
+# Its time in the kernel: each mapping of 1.5 GB is populated inside one mmap call (0.4-1.3 s here), which a stop
+# does not cut short (a stopped task takes the stop on its way back to its own code)
+IN_THE_KERNEL = ("import mmap\nwhile True:\n    mmap.mmap(-1, 1536 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS"
+                 " | mmap.MAP_POPULATE).close()\n")
 
 
 class Tree:
@@ -28,8 +32,8 @@ class Tree:
     restop = RunnerProcess.restop
     resume = RunnerProcess.resume
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", BUSY])
+    def __init__(self, code: str = BUSY) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
         self.pid = self.proc.pid
         self._stops, self._stopped, self._stop_lock = 0, set(), threading.Lock()
 
@@ -149,3 +153,31 @@ def test_a_loads_time_limit_leaves_out_the_time_its_runner_was_paused():
     with pytest.raises(StageError, match="exceeded its time limit"):  # with no pause, the same wait ends at its limit
         late._read_unpaused(0.3, lambda: 0.0)
     assert late.killed
+
+
+def test_a_tree_inside_a_long_system_call_is_not_killed_for_the_kernels_time(files, monkeypatch):
+    """A runner mapping gigabytes (an H100's 6.4 GB output memfd) is inside one system call when the stop lands and
+    keeps running there, in the kernel, for seconds: on the H100 one ran past the settle time (SETTLE_S) and was killed
+    as a runner that ran while paused, an honest candidate's verdict. Its kernel time is not its own code running: not
+    killed. (The settle is cut to 0.05 s here, so that a 1.5 GB mapping outlasts it; the tree's CPU after the settle
+    is read against the kernel's ticks.)"""
+    monkeypatch.setattr(neighbours, "SETTLE_S", 0.05)
+    tree = Tree(IN_THE_KERNEL)
+    watcher = neighbours.PauseWatcher(files, tree)
+    try:
+        time.sleep(0.5)  # inside its first mapping
+        watcher.watch()
+        measuring = neighbours.Measuring(files)
+        before = sandbox.process_usage(tree.pid)[tree.pid]
+        assert measuring.begin(wait=5.0)
+        time.sleep(1.5)
+        after = sandbox.process_usage(tree.pid)[tree.pid]
+        measuring.end()
+        time.sleep(0.1)
+        assert not watcher.verdict, watcher.verdict
+        assert tree.proc.poll() is None  # alive, and resumed
+        spent = after.cpu_ns - before.cpu_ns
+        assert (after.system_ticks - before.system_ticks) * neighbours.TICK_NS >= 0.5 * spent  # the kernel's time
+    finally:
+        watcher.unwatch()
+        tree.close()
