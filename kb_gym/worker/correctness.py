@@ -18,6 +18,7 @@ from kb_gym.worker.inputs import clone_inputs, make_inputs
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.runner_client import RunnerProcess
 from kb_gym.worker.runner_replies import CallReply
+from kb_gym.worker.tensors import output_form
 
 _isfinite = torch.isfinite
 
@@ -46,6 +47,11 @@ class TrialSetup:
 def output_byte_limit(ref_out: Any) -> int:
     """The most bytes a candidate's outputs may take: twice the reference's, plus a margin."""
     return 2 * sum(t.numel() * t.element_size() for t in flatten_outputs(ref_out)) + (1 << 20)
+
+
+def _form_text(form: str) -> str:
+    """An output form (tensors.output_form) in words: "a tensor", "a number", or the nesting as written."""
+    return {"t": "a tensor", "n": "a number"}.get(form) or (form if len(form) <= 60 else form[:57] + "...")
 
 
 def note_reply(reply: CallReply, result: dict[str, Any], counts: dict[str, Any]) -> None:
@@ -152,8 +158,13 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         if not small and places is None:
             places = _sample_places(refs)
         sampled_refs = [] if small else _sampled(refs, places)
-        cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state,
-                    trivial_outputs(ref_out, inputs), previous)
+        expected = output_form(ref_out)
+        if reply.form and reply.form != expected:  # a tuple of one where the reference returns a tensor, and so on
+            cmp = Comparison(False, f"forward returned {_form_text(reply.form)}, the reference returns "
+                                    f"{_form_text(expected)}")
+        else:
+            cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state,
+                        trivial_outputs(ref_out, inputs), previous)
         if cmp.ok and not cmp.by_float64 and previous_sampled:
             cmp = _sampled_against_previous(cand_out, sampled_refs, places, previous_sampled, atol, rtol)
         coincide = cmp.answers_coincide

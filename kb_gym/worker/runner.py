@@ -62,7 +62,15 @@ from kb_gym.worker.process import (
 from kb_gym.worker.protocol import LANDLOCK_BREAKS_CUDA, MessageReader, ProtocolError, write_message
 from kb_gym.worker.seccomp import deny_escape_syscalls
 from kb_gym.worker.spot_check import chunk_hashes
-from kb_gym.worker.tensors import commitment, describe, flatten_bytes, flatten_plain, host_bytes, on_host
+from kb_gym.worker.tensors import (
+    commitment,
+    describe,
+    flatten_bytes,
+    flatten_plain,
+    host_bytes,
+    on_host,
+    output_form,
+)
 
 SHM_MB = 64
 
@@ -278,6 +286,7 @@ class Runner:
                     torch.cuda.synchronize(self.device)
                 event_ms = host_ms = None
             structure, flat = flatten_plain(out)
+            form = output_form(out)
             meta = describe(flat)
             launches, backends = self.counter.count, sorted(self.counter.backends)  # not the digest's own
             on_device = msg.get("digest") == "device" and device_digest.applies_to(self.device)
@@ -303,7 +312,8 @@ class Runner:
             return
         mutated = pristine is not None and any(
             isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
-        done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "outputs": meta,
+        done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "form": form,
+                "outputs": meta,
                 "commitment": digest, "launches": launches, "backends": backends,
                 "mutated": mutated, "numerics_changed": _numerics() != self.numerics, "shield_ms": shield_ms}
         if self.dataflow_report is not None:

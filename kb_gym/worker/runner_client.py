@@ -46,6 +46,7 @@ from kb_gym.worker.runner_replies import (
 from kb_gym.worker.runner_start import READS_BREAK_CUDA, runner_env, widen_pipe
 from kb_gym.worker.spot_check import DrawnChunks, SampledOutputs, check_hash_lists, chunk_hash, pick_chunks
 from kb_gym.worker.tensors import (
+    FORM_MAX_CHARS,
     PINNED_RECEIVE_BYTES,
     WIRE_DTYPES,
     WireError,
@@ -497,7 +498,8 @@ class RunnerProcess:
                              msg.get("backends"), list) else [],
                          mutated=bool(msg.get("mutated")), numerics_changed=bool(msg.get("numerics_changed")),
                          dataflow=dataflow_report(msg.get("dataflow")), window=window,
-                         shield_ms=finite_ms(msg.get("shield_ms")), cpu=cpu)
+                         shield_ms=finite_ms(msg.get("shield_ms")), cpu=cpu,
+                         form=msg["form"][:FORM_MAX_CHARS] if isinstance(msg.get("form"), str) else "")
 
     def _sampled(self, msg: dict[str, Any], nonce: int, chunk_bytes: int, timeout: float,
                  defer: bool = False) -> SampledOutputs | DrawnChunks:

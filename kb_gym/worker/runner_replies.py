@@ -29,6 +29,7 @@ class CallReply:
     window: tuple[int, int] | None = None  # the probe clock's marks around the call (probe_check.py): the judge's own
     shield_ms: float | None = None  # a probe pass's launch shield, as the runner says: believed from a spare only
     cpu: Any = None  # cpu_clock.Window: the runner tree's CPU time in a timed call on the CPU, as the kernel counts it
+    form: str = ""  # how the return value nests (tensors.output_form), as the runner says; "" where it said nothing
 
 
 @dataclass

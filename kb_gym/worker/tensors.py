@@ -43,6 +43,34 @@ def flatten_plain(out: Any) -> tuple[str, list[torch.Tensor]]:
     raise TypeError(f"forward returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
 
 
+FORM_MAX_CHARS = 2048  # a form longer than this is cut (and then differs from any reference's shorter one)
+
+
+def output_form(out: Any) -> str:
+    """How ``forward``'s return value nests: ``t`` a tensor, ``n`` a Python number, ``(...)`` a tuple or list (one
+    kind: a list where the reference returns a tuple is the same answer). Flattening alone made ``(y,)``, ``[[a],
+    (b,)]`` and a float the reference's ``y``, ``(a, b)`` and 0-d tensor (round 31)."""
+    parts: list[str] = []
+
+    def walk(item: Any) -> None:
+        if len(parts) > FORM_MAX_CHARS:
+            return
+        if isinstance(item, torch.Tensor):
+            parts.append("t")
+        elif isinstance(item, (list, tuple)):
+            parts.append("(")
+            for k, inner in enumerate(item):
+                if k:
+                    parts.append(",")
+                walk(inner)
+            parts.append(")")
+        else:
+            parts.append("n")
+
+    walk(out)
+    return "".join(parts)[:FORM_MAX_CHARS]
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     if type(t) not in _PLAIN:
         raise TypeError(f"forward returned a {type(t).__name__}, a torch.Tensor subclass; return plain tensors")

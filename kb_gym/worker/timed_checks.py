@@ -74,6 +74,10 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
             if inputs is None:
                 inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen)
             cmp = judge(device, ref_model, inputs, cand_out, ref_out, atol, rtol, result, state, trivial, others)
+        if cmp.ok and cmp.unverifiable and "unverifiable_output" not in result["flags"]:
+            # at the float64 opinion's accuracy a trivial output passes too, as a trial's would (round 31: zeros
+            # returned once the trials were over kept the speed credit the same zeros lose in a trial)
+            result["flags"].append("unverifiable_output")
         keep_answer(ref_out, degenerate, seed)
         return None if cmp.ok else cmp.reason
 

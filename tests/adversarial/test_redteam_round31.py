@@ -4,7 +4,13 @@ outputs, the checks on timed calls' outputs (``worker/timed_checks.py``, whole a
 form (structure, dtype, shape, layout), and the runtime flags the trials raise (``correctness.note_reply``).
 
 Each test asserts what a sound judge does. Holes are ``xfail(strict=True)``; each failed its sound assertion on all 5
-runs of this file with ``--runxfail`` (and in the prototypes before them). Numbers are from this 2-core CPU
+runs of this file with ``--runxfail`` (and in the prototypes before them). Fixed in the same session (42), the xfail
+taken off: 2 (a timed call's float64 verdict adds ``unverifiable_output``), 3 (every output's form is held on either
+path, and outputs the float64 opinion does not judge are compared exactly: ``checks._same_form``) and 4 (each element
+within FLOAT64_FACTOR x the reference's largest error of the float64 answer, plus the tolerance:
+``checks._beyond_reference``), and 5 (the runner sends how its return value nests, held to the reference's in every
+trial: ``tensors.output_form``). Still open: 1 (the runner's report; the timed calls are told apart by design), 6 and 7
+(false negatives). Numbers are from this 2-core CPU
 (``Evaluator("cpu")``, Triton under the interpreter). One Evaluator serves the module.
 
 GOT THROUGH (holes):
@@ -95,6 +101,7 @@ import types
 import pytest
 import torch
 from device import DEVICE, ON_GPU
+from test_redteam_round12 import SCALE  # x * 2 + 1 on 64 x 256
 
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.problems import reference_as_candidate
@@ -115,22 +122,6 @@ def ev():
 
 HEAD = "import torch\nimport torch.nn as nn\n"
 TRITON_HEAD = HEAD + "import triton\nimport triton.language as tl\n"
-
-SCALE = Problem(id=3, name="3_ScaleShift", level=1, code=HEAD + """
-
-class Model(nn.Module):
-    def forward(self, x):
-        return x * 2.0 + 1.0
-
-
-def get_inputs():
-    return [torch.randn(64, 256)]
-
-
-def get_init_inputs():
-    return []
-""")
-
 
 # --- 1. input_mutation is read from the trials only ------------------------------------------------------------------
 
@@ -279,15 +270,11 @@ def test_zeros_from_the_first_call_are_unverifiable(ev):
     assert r.correctness.get("judged_against_float64"), r.correctness
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: timed_output_check keeps only cmp.ok of a float64 verdict, so a "
-                                       "trivial output (zeros) passed by float64 in timed calls is never unverifiable")
 def test_zeros_after_the_trials_are_unverifiable_too(ev):
     r = ev.evaluate(GROUPNORM_MEAN, GN_ZEROS_AFTER_THE_RERUN, config=TIMED_OFF)
     assert r.status == "incorrect" or "unverifiable_output" in r.flags, (r.status, r.flags, r.speedup)
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: as above under strict, with a Triton kernel that writes "
-                                       "1e-12 x an input value after the trials: speed credit kept")
 def test_a_kernel_writing_noise_after_the_trials_gets_no_speed_credit(ev):
     r = ev.evaluate(GROUPNORM_MEAN, GN_KERNEL_AFTER_THE_RERUN, config=TIMED)
     assert r.status in ("correct", "incorrect"), (r.status, r.error)
@@ -322,7 +309,12 @@ class ModelNew(nn.Module):
         m, i = x.amax(dim=1), x.argmax(dim=1)
         return s, {m}, {i}
 '''
-NARROW_MISS = "s[0] += 1e-3 * s[0].abs() + 1.0  # one row sum just past the tolerance: the float64 opinion decides"
+# One row sum just past the fp32 tolerance, towards the float64 answer (the row where the reference is furthest from
+# it): the fp32 comparison fails narrowly and the float64 opinion decides, which this row passes (since round 31's
+# fix each element is held within 3x the reference's largest error of the float64 answer: a row off by 1 + 1e-3 of
+# its value, the first version of this nudge, is incorrect now)
+NARROW_MISS = ("e = x.double().sum(dim=1); k = int((e - s.double()).abs().argmax()); "
+               "d = 1e-4 + 1e-4 * s[k].abs(); s[k] = s[k] + 1.001 * d * torch.sign(e[k] - s[k].double()).float()")
 
 
 def row_stats(nudge: str = NARROW_MISS, m: str = "m", i: str = "i") -> str:
@@ -350,9 +342,6 @@ def test_later_outputs_are_checked_where_the_first_passes(ev):
     assert r.status == "incorrect" and "integer values differ" in (r.error or ""), (r.status, r.error)
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: judge_against_float64 skips non-floating outputs and compares "
-                                       "the rest flattened in float64, and compare_outputs stopped at the first "
-                                       "failing output, so no later output's values, dtype or shape is checked")
 @pytest.mark.parametrize("name", sorted(LATER_OUTPUTS_WRONG))
 def test_a_float64_verdict_still_checks_every_output(ev, name):
     r = ev.evaluate(ROW_STATS, LATER_OUTPUTS_WRONG[name], config=CHECK)
@@ -362,8 +351,6 @@ def test_a_float64_verdict_still_checks_every_output(ev, name):
 MAX_ONE_LONGER = row_stats(m="torch.cat([m, m[:1]])")
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: a later float output of another element count reaches "
-                                       "_error_stats in the judge, which raises: the judge failed and restarted")
 def test_a_later_output_of_another_length_is_the_candidates_failure(ev):
     r = ev.evaluate(ROW_STATS, MAX_ONE_LONGER, config=CHECK)
     assert r.status == "incorrect", (r.status, r.error)
@@ -382,8 +369,6 @@ def test_an_element_off_by_its_own_size_or_nan_is_not_forgiven(ev):
         assert r.status == "incorrect" and "against a float64 computation" in (r.error or ""), (nudge, r.status)
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: the float64 verdict's L2 floor is rtol of the whole output, so "
-                                       "the few elements it forgives may be ~100x their tolerance off")
 def test_a_forgiven_element_stays_near_the_references_own_error(ev):
     r = ev.evaluate(ROW_STATS, row_stats(nudge="s[0] += 100.0  # its tolerance: ~0.3-1.3"), config=CHECK)
     assert r.status == "incorrect", (r.status, r.flags, r.correctness.get("max_abs_err"))
@@ -428,8 +413,6 @@ OTHER_STRUCTURES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: outputs are compared flattened; the runner's structure is not "
-                                       "held to the reference's")
 @pytest.mark.parametrize("name", sorted(OTHER_STRUCTURES))
 def test_an_output_of_another_structure_is_incorrect(ev, name):
     problem, code = OTHER_STRUCTURES[name]

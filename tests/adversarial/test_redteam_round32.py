@@ -102,7 +102,7 @@ from pathlib import Path
 import pytest
 import torch
 from device import DEVICE, ON_GPU
-from test_judge_isolation import CHECK, GELU, HONEST, cand
+from test_judge_isolation import CHECK, CPP_EXTENSION, GELU, HONEST, cand
 
 from kb_gym import Evaluator
 from kb_gym.worker import build_cache, triton_cache
@@ -492,25 +492,10 @@ _built = []
     _built.append(1)
 return 0.5 * x * (1.0 + torch.erf(x / 2.0 ** 0.5))''')
 
-LAZY_BUILD = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-source = """
-#include <torch/extension.h>
-torch::Tensor gelu(torch::Tensor x) {
-    auto xc = x.contiguous();
-    auto y = torch::empty_like(xc);
-    const float* xp = xc.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    for (int64_t i = 0; i < xc.numel(); ++i) yp[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * 0.70710678f));
-    return y;
-}
-"""
-
-class ModelNew(nn.Module):
-    def __init__(self):
+# CPP_EXTENSION's build (test_judge_isolation), made in the first call instead of at import
+LAZY_BUILD = CPP_EXTENSION.replace(
+    'ext = load_inline(name="guard_gelu_cpu", cpp_sources=source, functions=["gelu"], verbose=False)\n', "").replace(
+    "    def forward(self, x):\n        return ext.gelu(x)\n", """    def __init__(self):
         super().__init__()
         self.ext = None
 
@@ -518,7 +503,8 @@ class ModelNew(nn.Module):
         if self.ext is None:  # built on the first call
             self.ext = load_inline(name="round32_lazy_gelu", cpp_sources=source, functions=["gelu"], verbose=False)
         return self.ext.gelu(x)
-'''
+""")
+assert "round32_lazy_gelu" in LAZY_BUILD and "guard_gelu_cpu" not in LAZY_BUILD
 
 
 def test_a_build_made_in_the_first_call_is_kept_stand_in(ev, cache_env):
