@@ -215,7 +215,8 @@ def _cache_swap(secret_path: str) -> str:
     the next evaluation of the same source the judge restores "the build", the secret included."""
     return cand(FIND_RUNNER + f'''
 import threading
-_ext = os.environ["TORCH_EXTENSIONS_DIR"]
+from torch.utils.cpp_extension import load_inline  # named: a source whose build folder is kept
+_ext = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "swapped")  # an extension's folder: ext/NAME
 _names = sorted(os.listdir(_ext)) if os.path.isdir(_ext) else []
 if _names:
     _got = [open(os.path.join(_ext, n), "rb").read(64) for n in _names]
@@ -223,7 +224,7 @@ if _names:
 os.makedirs(_ext, exist_ok=True)
 _tmp = os.environ["TMPDIR"]
 for i in range(200):
-    with open(os.path.join(_ext, "f%03d" % i), "wb") as fh:
+    with open(os.path.join(_ext, "f%03d.so" % i), "wb") as fh:
         fh.write(b"\\0" * (1 << 18))
     os.symlink("{secret_path}", os.path.join(_tmp, "l%03d" % i))
 def _swap():
@@ -231,7 +232,7 @@ def _swap():
         time.sleep(0.0001)
     for i in range(200):
         time.sleep(0.0002)
-        os.rename(os.path.join(_tmp, "l%03d" % i), os.path.join(_ext, "f%03d" % i))
+        os.rename(os.path.join(_tmp, "l%03d" % i), os.path.join(_ext, "f%03d.so" % i))
 threading.Thread(target=_swap, daemon=True).start()
 ''')
 
@@ -272,13 +273,14 @@ def test_a_symlink_already_in_the_build_folder_is_not_followed(monkeypatch, tmp_
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(cache))
     source = cand(f'''
 import os
+from torch.utils.cpp_extension import load_inline  # named: a source whose build folder is kept
 _ext = os.environ["TORCH_EXTENSIONS_DIR"]
 _names = sorted(os.listdir(_ext)) if os.path.isdir(_ext) else []
 if _names:
     raise RuntimeError("restored: " + "|".join(open(os.path.join(d, n)).read(64)
                                                for d, _, files in os.walk(_ext) for n in files))
 os.makedirs(os.path.join(_ext, "sub"), exist_ok=True)
-open(os.path.join(_ext, "sub", "plain.txt"), "w").write("plain")
+open(os.path.join(_ext, "sub", "plain.so"), "w").write("plain")  # a library: what a build folder is kept for
 os.symlink("{path}", os.path.join(_ext, "link.txt"))
 os.symlink("{path.parent}", os.path.join(_ext, "sub", "dirlink"))
 ''')

@@ -160,9 +160,9 @@ import os, time
 from torch.utils.cpp_extension import load_inline  # named: the source may build, so its build folder is kept
 _ext = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "unstill_ext")
 if os.path.isdir(_ext):
-    raise RuntimeError("restored: " + open(os.path.join(_ext, "built.txt")).read())
+    raise RuntimeError("restored: " + open(os.path.join(_ext, "built.so")).read())
 os.makedirs(_ext)
-with open(os.path.join(_ext, "built.txt"), "w") as _fh:
+with open(os.path.join(_ext, "built.so"), "w") as _fh:  # a library: what a build folder is kept for
     _fh.write("built in the first runner")
 if os.getpid() == 1 and os.fork() == 0:
     try:
