@@ -50,8 +50,9 @@ def output_byte_limit(ref_out: Any) -> int:
 
 
 def _form_text(form: str) -> str:
-    """An output form (tensors.output_form) in words: "a tensor", "a number", or the nesting as written."""
-    return {"t": "a tensor", "n": "a number"}.get(form) or (form if len(form) <= 60 else form[:57] + "...")
+    """An output form (tensors.output_form) in words: "1 tensor (a tensor)", "2 tensor(s) ((t,t))"."""
+    shown = {"t": "a tensor", "n": "a number"}.get(form) or (form if len(form) <= 60 else form[:57] + "...")
+    return f"{form.count('t') + form.count('n')} tensor(s) ({shown})"
 
 
 def note_reply(reply: CallReply, result: dict[str, Any], counts: dict[str, Any]) -> None:
