@@ -5,13 +5,13 @@ and the loop timed again where an excess shows, the burst check (burst.py), and 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kb_gym.calibration_board import problem_hash
 from kb_gym.worker import burst, probe_check, wall_check
 from kb_gym.worker.inputs import make_inputs
 from kb_gym.worker.loading import StageError, sticky_cuda_error, trim_traceback
@@ -94,7 +94,8 @@ def path_key(job: dict[str, Any], chunk_bytes: int, widen: bool) -> tuple[Any, .
     """What a problem's per-call harness readings are kept by (the calibration, the probe's harness share): the
     problem and its numerics, and the path a call takes (whole outputs or chunks, widened inputs built or not)."""
     cfg = job["config"]
-    return (hashlib.sha256(job["problem_code"].encode()).hexdigest(), cfg["precision"], bool(cfg.get("tf32", False)),
+    # the problem's hash as the evaluator's calibration board files it (a grant carries the entries of that hash)
+    return (problem_hash(job["problem_code"]), cfg["precision"], bool(cfg.get("tf32", False)),
             chunk_bytes, widen)
 
 
