@@ -309,6 +309,7 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "stages": dict(r.stage_seconds), "total_s": r.stage_seconds.get("total"),
             "build_cached": bool(r.worker.get("build_cached")), "build_reused": r.worker.get("build_reused"),
             "triton_cached": r.worker.get("triton_cached", 0),  # kept Triton kernels restored (triton_cache.py)
+            "triton_launchers": r.worker.get("triton_launchers"),  # judge-built launchers (triton_launchers.py)
             "worker_pid": r.worker.get("pid"), "runner_startup": r.worker.get("runner_startup_phases") or {},
             # where the correctness stage and the outputs' crossings went (correctness.run_trials, runner_client)
             "correctness_seconds": (r.correctness or {}).get("seconds") or {},

@@ -541,6 +541,9 @@ def _worker_fields(handle: WorkerHandle, runner: dict[str, Any] | None) -> dict[
                       build_cached=bool(runner.get("build_cached")),
                       # kernel folders an earlier runner's Triton compiled for this source (triton_cache.py, where on)
                       triton_cached=int(runner.get("triton_cached") or 0),
+                      # Triton launchers the judges built, seeded; and of those its calls asked for, how many were in
+                      # its cache and how many it built (triton_launchers.py; all 0 where Triton has none to build)
+                      triton_launchers=_launcher_counts(runner.get("triton_launchers")),
                       # a cache hit whose build was up to date in the runner (False: rebuilt all the same)
                       build_reused=runner["build_reused"] if isinstance(runner.get("build_reused"), bool) else None,
                       # when a new build went into the cache: right after the load, or once the runner was gone
@@ -569,6 +572,12 @@ def _payload_seconds(value: Any) -> dict[str, list[float]]:
     parts = value if isinstance(value, dict) else {}
     return {k: [float(x) for x in parts.get(k) or [] if isinstance(x, int | float)][:PAYLOAD_NOTES]
             for k in PAYLOAD_PARTS}
+
+
+def _launcher_counts(value: Any) -> dict[str, int]:
+    got = value if isinstance(value, dict) else {}
+    return {k: int(got[k]) if isinstance(got.get(k), int) and not isinstance(got.get(k), bool) else 0
+            for k in ("seeded", "hits", "misses")}
 
 
 def _problem_fields(problem: Problem) -> dict[str, Any]:

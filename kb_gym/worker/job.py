@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kb_gym.file_tree import remove_tree
-from kb_gym.worker import build_cache, neighbours, pch, triton_cache
+from kb_gym.worker import build_cache, neighbours, pch, triton_cache, triton_launchers
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
@@ -273,6 +273,11 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "startup_phases": runner.info.get("startup_phases"),
                                 "build_cached": bool(result.get("build_cached")),
                                 "triton_cached": int(result.get("triton_cached") or 0),
+                                # launchers the judges built, copied in; of those its calls asked for, how many
+                                # were there (seeded or in its own cache by then) and how many it had to build
+                                "triton_launchers": {"seeded": int(result.get("triton_launchers") or 0),
+                                                     "hits": sum(runner.launchers.values()),
+                                                     "misses": sum(not h for h in runner.launchers.values())},
                                 "build_reused": result.get("build_reused"),
                                 "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
@@ -287,6 +292,9 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
             state["runner_gone"] = runner.kill(keep=_keeper(ctx, job, state))
+            missed = [signature for signature, hit in runner.launchers.items() if not hit]
+            if missed and _confined(runner):  # built for the next runners, in the background
+                triton_launchers.start_build(triton_launchers.store_root(), missed)
             # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
             parts = getattr(runner, "kill_seconds", {})  # (a stand-in runner of the tests has none)
@@ -325,6 +333,14 @@ def _keeper(ctx: WorkerContext, job: dict[str, Any], state: dict[str, Any]) -> C
         if seeded is not None:
             triton_cache.keep(job["source"], scratch / "triton", tools, seeded)
     return keep
+
+
+def _confined(runner: Any) -> bool:
+    """Whether Landlock keeps the runner's writes in its scratch folder (its report at start, before any candidate
+    code ran): only such runners get, and inform, what the judges build for all (triton_launchers.py)."""
+    sandbox = runner.info.get("sandbox") if isinstance(getattr(runner, "info", None), dict) else None
+    abi = sandbox.get("landlock") if isinstance(sandbox, dict) else None
+    return isinstance(abi, int) and not isinstance(abi, bool) and abi > 0  # the ABI it enforced; 0: none
 
 
 def _judge_failed(result: dict[str, Any], exc: Exception) -> None:
@@ -424,6 +440,10 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         headers = headers_root(device)
         if headers is not None and build_cache.may_build(job["source"]):
             state["pch_removed"] = pch.verify(headers)
+        if triton_cache.uses_triton(job["source"]) and _confined(runner):
+            # Triton's launchers the judges built (triton_launchers.py): before the kept kernels are looked for, so
+            # that the Triton cache keeps neither as this source's own
+            result["triton_launchers"] = triton_launchers.seed(triton_launchers.store_root(), runner.scratch / "triton")
         if triton_cache.enabled() and triton_cache.uses_triton(job["source"]):
             # the kernels an earlier runner compiled for this very source; kept at exit where there were none
             result["triton_cached"] = triton_cache.restore(job["source"], runner.scratch / "triton", tools)

@@ -32,7 +32,15 @@ from typing import Any
 
 import torch
 
-from kb_gym.worker import capabilities, device_digest, device_payload, header_diet, native_guard, pch
+from kb_gym.worker import (
+    capabilities,
+    device_digest,
+    device_payload,
+    header_diet,
+    native_guard,
+    pch,
+    triton_launchers,
+)
 from kb_gym.worker.build_cache import may_build
 from kb_gym.worker.clock import CacheFlusher, probe_call, timed_call
 from kb_gym.worker.dataflow import DataflowTrace
@@ -71,6 +79,7 @@ from kb_gym.worker.tensors import (
     on_host,
     output_form,
 )
+from kb_gym.worker.triton_cache import uses_triton
 
 SHM_MB = 64
 
@@ -150,6 +159,8 @@ class Runner:
         self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
         self.harness_outputs: Any = None  # a pristine spare's reference outputs for its harness-only calls
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
+        self.launchers: list[dict[str, Any]] | None = None  # Triton launchers asked for (triton_launchers.py)
+        self.launchers_sent = 0  # of them, how many replies carried already
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -204,6 +215,8 @@ class Runner:
             header_diet.install(self.headers)
         native_guard.install()  # outermost (a build named by a computed name too): reads what the candidate passes
         self.pch = pch.install(self.pch_root) if self.pch_root is not None and builds else None
+        if uses_triton(msg["source"]):
+            self.launchers = triton_launchers.record()
         try:
             cand_mod = load_module(cand_path, "kb_candidate")
         except BaseException as exc:  # noqa: BLE001
@@ -318,6 +331,9 @@ class Runner:
                 "mutated": mutated, "numerics_changed": _numerics() != self.numerics, "shield_ms": shield_ms}
         if self.dataflow_report is not None:
             done["dataflow"] = self.dataflow_report
+        if self.launchers is not None and len(self.launchers) > self.launchers_sent:  # new since the last reply
+            done["launchers"] = self.launchers[self.launchers_sent:]
+            self.launchers_sent = len(self.launchers)
         if hashes is not None:  # the judge picks the chunks it wants now that their hashes are fixed
             self.held = flat
             self.send({**done, "chunk_hashes": hashes, "chunk_bytes": chunk_bytes, "payload_bytes": 0})

@@ -22,7 +22,16 @@ import torch
 
 from kb_gym import sandbox
 from kb_gym.file_tree import remove_tree
-from kb_gym.worker import build_cache, cpu_clock, device_digest, device_payload, header_diet, launch_shim, payload
+from kb_gym.worker import (
+    build_cache,
+    cpu_clock,
+    device_digest,
+    device_payload,
+    header_diet,
+    launch_shim,
+    payload,
+    triton_launchers,
+)
 from kb_gym.worker.clock import median_ci
 from kb_gym.worker.loading import StageError
 from kb_gym.worker.protocol import (
@@ -137,6 +146,8 @@ class RunnerProcess:
         self.payload_seconds: dict[str, list[float]] = {part: [] for part in PAYLOAD_PARTS}
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
+        # Triton launchers its calls asked for, with whether each was in its cache (triton_launchers.py), as it says
+        self.launchers: dict[tuple[str, ...], bool] = {}
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
             ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
             extra = [fd for fd in (payload_fd, device_fd) if fd is not None]
@@ -392,6 +403,9 @@ class RunnerProcess:
                              str(msg.get("error", ""))[:20000], restart=bool(msg.get("sticky")))
         if msg.get("type") != "done":
             raise self._unexpected(msg, "done")
+        for signature, hit in triton_launchers.reported(msg.get("launchers")):
+            if len(self.launchers) < triton_launchers.MAX_REPORTED:
+                self.launchers.setdefault(signature, hit)
         try:
             launch_count(msg.get("launches"))  # checked where a WireError is the candidate's
             nbytes = expected_nbytes(msg.get("outputs"), byte_limit)
