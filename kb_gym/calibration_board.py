@@ -43,7 +43,7 @@ class CalibrationBoard:
             hash(key)
         except (KeyError, TypeError, ValueError):
             return False
-        if not key or not isinstance(key[0], str) or not math.isfinite(measured):
+        if not key or not isinstance(key[0], str) or not math.isfinite(measured) or not _times(entry):
             return False
         with self._lock:
             kept = self._entries.get((device, key))
@@ -58,3 +58,14 @@ class CalibrationBoard:
         """The entries of one problem (its ``problem_hash``) on one device, for a judge's grant."""
         with self._lock:
             return [dict(entry) for (d, key), entry in self._entries.items() if d == device and key[0] == problem]
+
+
+def _times(entry: dict[str, Any]) -> bool:
+    """Whether an entry's overhead and spreads are times (finite, not negative); a judge checks them again when it
+    adopts one (judge_timing.plausible)."""
+    try:
+        values = [float(entry["overhead_ms"]), float(entry["spread_ms"])]
+        values += [float(entry[k]) for k in ("cpu_overhead_ms", "cpu_spread_ms") if entry.get(k) is not None]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return all(math.isfinite(v) and v >= 0 for v in values)

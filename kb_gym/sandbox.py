@@ -208,6 +208,7 @@ class ProcessUsage(NamedTuple):
     gone: bool  # exited: a zombie
     exiting: bool  # gone, or in its exit (PF_EXITING)
     system_ticks: int = 0  # stime and cstime of ``ticks``: its time in the kernel, on its own behalf
+    voluntary: int = 0  # its live threads' voluntary context switches: each stop, and each sleep, adds one
 
 
 def process_usage(pid: int) -> dict[int, ProcessUsage]:
@@ -225,15 +226,22 @@ def process_usage(pid: int) -> dict[int, ProcessUsage]:
             exiting = gone or bool(int(fields[6]) & _PF_EXITING)
         except (OSError, IndexError, ValueError):
             continue
-        cpu_ns = 0
+        cpu_ns = voluntary = 0
         for tid in tids:
             try:
                 with open(f"/proc/{proc}/task/{tid}/schedstat", "rb") as handle:
                     cpu_ns += int(handle.read().split()[0])
+                with open(f"/proc/{proc}/task/{tid}/status", "rb") as handle:
+                    voluntary += _voluntary_switches(handle.read())
             except (OSError, IndexError, ValueError):
                 continue
-        usage[proc] = ProcessUsage(cpu_ns, ticks, gone, exiting, system_ticks)
+        usage[proc] = ProcessUsage(cpu_ns, ticks, gone, exiting, system_ticks, voluntary)
     return usage
+
+
+def _voluntary_switches(status: bytes) -> int:
+    at = status.find(b"\nvoluntary_ctxt_switches:")
+    return int(status[at + 26:status.index(b"\n", at + 1)]) if at >= 0 else 0
 
 
 def alive(pid: int) -> bool:

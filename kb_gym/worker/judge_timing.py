@@ -5,6 +5,7 @@ and the loop timed again where an excess shows, the burst check (burst.py), and 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,14 @@ def shareable(calibration: Calibration, device_kind: str) -> bool:
     return SPREAD_FACTOR * calibration.spread_ms <= max(floor, SHARED_SPREAD * calibration.overhead_ms)
 
 
+def plausible(calibration: Calibration) -> bool:
+    """Whether a calibration's numbers are times at all: finite, not negative (round 33: NaN or -50 ms passed
+    ``shareable``, whose max() took the floor; NaN would have charged nothing, a negative overhead honest work)."""
+    times = (calibration.overhead_ms, calibration.spread_ms, calibration.cpu_spread_ms,
+             0.0 if calibration.cpu_overhead_ms is None else calibration.cpu_overhead_ms)
+    return all(math.isfinite(t) and t >= 0 for t in times)
+
+
 def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> None:
     """A calibration another judge of this device measured for the problem (the evaluator passes them with each
     device grant: calibration_board.py), kept where it is newer than this judge's own: each judge measuring its own
@@ -128,7 +137,7 @@ def adopt_calibration(ctx: WorkerContext, key: tuple[Any, ...], shared: Any) -> 
         except (KeyError, TypeError, ValueError):
             continue
         kept = ctx.calibrations.get(key)
-        if not shareable(calibration, ctx.device.type):
+        if not plausible(calibration) or not shareable(calibration, ctx.device.type):
             continue
         if measured <= time.monotonic() and (kept is None or measured > kept[1].measured_at):
             ctx.calibrations[key] = (measured, calibration)

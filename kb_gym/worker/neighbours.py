@@ -82,21 +82,30 @@ def _held_elsewhere(path: Path, fd: int) -> bool:
     return False
 
 
-def _ran(before: dict[int, sandbox.ProcessUsage], after: dict[int, sandbox.ProcessUsage]) -> bool:
+def _ran(before: dict[int, sandbox.ProcessUsage], after: dict[int, sandbox.ProcessUsage],
+         switched: dict[int, int] | None = None) -> bool:
     """Whether a paused tree ran, process by process (sandbox.process_usage): more CPU over the processes it kept
     than a system call's tail, a process it did not have, or one it lost that was not already exiting when it was
     read. A stopped process, or one asleep in the kernel, leaves only if something resumed or killed it; summed over
     the tree, a process gone took its whole history off the sum (round 28: burners that SIGKILL "bank" children,
     stopped or waiting in a vfork, to hide their own CPU). A process missing from the second reading that still
-    exists was missed by the walk, not lost."""
+    exists was missed by the walk, not lost. ``switched``: kept between the readings of one pause (below)."""
     if set(after) - set(before):
         return True
+    switched = {} if switched is None else switched
     cpu = sum(max(0, u.cpu_ns - before[pid].cpu_ns) for pid, u in after.items())
     ticks = sum(max(0, u.ticks - before[pid].ticks) for pid, u in after.items())
-    kernel = sum(max(0, u.system_ticks - before[pid].system_ticks) for pid, u in after.items())
     # Time in the kernel is a system call's that began before the stop (a stopped task takes the stop on its way back
     # to its own code): on an H100 an honest runner pinning or mapping gigabytes (a 6.4 GB output's memfd) ran there
-    # past SETTLE_S and was killed for it. Only what the kernel's ticks do not cover counts: the tree's own code.
+    # past SETTLE_S and was killed for it. So only what the kernel's ticks do not cover counts: the tree's own code;
+    # but a process seen to switch out of its own will since the first reading (it took the stop, or slept) is not
+    # in that first call any more, or may not be: its kernel time from then on counts too (round 33: a burner
+    # resumed by a timer's SIGCONT, each time straight into another long mmap, ran 1.97 s of a 2 s measurement).
+    kernel = 0
+    for pid, u in after.items():
+        if pid not in switched and u.voluntary > before[pid].voluntary:
+            switched[pid] = u.system_ticks  # counted from this reading on: the tail up to it is the old call's
+        kernel += max(0, min(u.system_ticks, switched.get(pid, u.system_ticks)) - before[pid].system_ticks)
     if cpu - kernel * TICK_NS > RAN_NS or ticks - kernel >= RAN_TICKS:
         return True
     return any(pid not in after and not u.exiting and not sandbox.alive(pid) for pid, u in before.items())
@@ -231,10 +240,14 @@ class PauseWatcher:
             os.close(self._unpaused_fd)
             self._unpaused_fd = None
             looked = time.monotonic()
+            switched: dict[int, int] = {}
             while not self._stop.is_set():
                 if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
                     looked = time.monotonic()
-                    if _ran(usage, sandbox.process_usage(self.runner.pid)):
+                    # stopped again: a SIGCONT (a timer's, a child's) cancels a stop still pending in a long system
+                    # call, so the process never takes it and never switches out (round 33); a stopped one ignores it
+                    self.runner.restop()
+                    if _ran(usage, sandbox.process_usage(self.runner.pid), switched):
                         # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
                         self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
                         return
