@@ -18,11 +18,19 @@ def _median(values: list[float]) -> float | None:
 
 def _own(row: dict[str, Any]) -> float:
     """A candidate's own evaluation time: its total less the time it waited behind the others submitted with it,
-    for a worker (``queue``) and, on its worker, for the device another worker's candidate held
-    (``device_wait``): a whole batch is submitted at once, so both say more about the batch than about the
-    candidate."""
+    for a worker (``queue``), on its worker for the device another worker's candidate held (``device_wait``), and
+    with its load stopped while another worker's candidate was measured (``paused_loading``, neighbours.py: the
+    pauses that fell in its device wait are in ``device_wait`` already): a whole batch is submitted at once, so all
+    three say more about the batch than about the candidate."""
     stages = row["stages"]
-    return row["total_s"] - stages.get("queue", 0.0) - stages.get("device_wait", 0.0)
+    return (row["total_s"] - stages.get("queue", 0.0) - stages.get("device_wait", 0.0)
+            - stages.get("paused_loading", 0.0))
+
+
+def _launcher_hits(rows: list[dict[str, Any]]) -> str:
+    counts = [r.get("triton_launchers") or {} for r in rows]
+    hits, misses = sum(c.get("hits", 0) for c in counts), sum(c.get("misses", 0) for c in counts)
+    return f"{hits}/{hits + misses}"
 
 
 def _sums(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -124,6 +132,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             # the same Triton sources evaluated again after the batch (their kernels kept, where triton_cache is on)
             "triton_again_total_s": _median([_own(r) for r in triton_again if r["total_s"]]),
             "triton_again_kept": f"{sum(bool(r.get('triton_cached')) for r in triton_again)}/{len(triton_again)}",
+            # Triton launchers the candidates' kernels asked for that were in their runner's cache (the judges' builds,
+            # triton_launchers.py), of all they asked for
+            "triton_launcher_hits": _launcher_hits(rows + triton_again),
         })
     kb = report.get("kernelbench_way")
     if kb:
@@ -190,8 +201,10 @@ def format_batch(report: dict[str, Any]) -> str:
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "
              f"{f(t['cuda_cache_hit_total_s'])} s; Triton on a warm worker: {f(t['triton_warm_total_s'])} s, again: "
-             f"{f(t.get('triton_again_total_s'))} s ({t.get('triton_again_kept', '-')} with kept kernels) (medians; "
-             "own time: total less the waits behind the batch, for a worker and for the device)"]
+             f"{f(t.get('triton_again_total_s'))} s ({t.get('triton_again_kept', '-')} with kept kernels; Triton "
+             f"launchers found built: {t.get('triton_launcher_hits', '-')}) (medians; "
+             "own time: total less the waits behind the batch, for a worker, for the device and paused for "
+             "another worker's measurement)"]
     if report.get("headers_wait_s") is not None:
         lines.append(f"precompiled header for CUDA builds: waited {f(report['headers_wait_s'], '.1f')} s after the "
                      "warm-up, before the clock (once per machine and toolchain)")

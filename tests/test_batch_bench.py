@@ -77,12 +77,14 @@ def test_parts_measured_in_separate_runs_add_up_to_the_batch(tmp_path):
 
 def test_a_candidates_own_time_leaves_out_its_waits_for_a_worker_and_for_the_device():
     """Cache hits are evaluated four at once after the batch: a hit that waited 2 s for the device another
-    worker held is not a 2 s slower hit."""
+    worker held, or had its load stopped 1 s for another worker's measurement, is not a 2 or 1 s slower hit. A pause
+    in its wait for the device is counted once (``paused_for_neighbours`` holds both kinds)."""
     report = _part(1, 1, 10.0, 100.0, 0.5)
-    report["cuda_again"][0]["stages"].update(queue=0.25, device_wait=0.5)
+    report["cuda_again"][0]["stages"].update(queue=0.25, device_wait=0.5, paused_loading=0.125,
+                                             paused_for_neighbours=0.375)
     report["rows"][1]["stages"]["device_wait"] = 0.3
     targets = summarize(report)["targets"]
-    assert targets["cuda_cache_hit_total_s"] == 1.0 - 0.25 - 0.5
+    assert targets["cuda_cache_hit_total_s"] == 1.0 - 0.25 - 0.5 - 0.125
     assert targets["cuda_cold_total_s"] == 2.0 - 0.5 - 0.3
 
 

@@ -88,6 +88,7 @@ class WorkerContext:
         self.output_bytes: dict[tuple[str, str], int] = {}  # (problem code, dtype): output_size's estimate
         # the job's runner stopped while another judge measures the device and this job does not hold it
         self.watcher: neighbours.PauseWatcher | None = None
+        self.paused_waiting_s = 0.0  # of the job's pauses, the time it was waiting for the device anyway
 
     def usable_probe(self) -> ProbeClock | None:
         """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
@@ -116,12 +117,15 @@ class WorkerContext:
         stages that run on it, correctness and timing, take turns; loading and compiling do not).
         ``exclusive=False``: held beside other judges' stages that measure nothing, never beside a measurement
         (device_lock.py); asked again, the hold changes mode."""
+        paused = 0.0
         if self.watcher is not None:  # the runner waits with the job: paused for the device's measurements meanwhile
+            paused = self.watcher.paused_seconds()
             self.watcher.watch()
         self.send({"type": "acquire", "exclusive": exclusive})
         granted = self.receive() if self.receive is not None else None
         if self.watcher is not None:
             self.watcher.unwatch()
+            self.paused_waiting_s += self.watcher.paused_seconds() - paused
             if self.watcher.verdict:
                 raise StageError("runtime_error", self.watcher.verdict)
         if not granted or granted.get("type") != "granted":
@@ -261,6 +265,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         if watcher is not None:
             watcher.unwatch()
             result["stage_seconds"]["paused_for_neighbours"] = watcher.paused_s
+            # the pauses that held its load back (the rest fell in its wait for the device, counted there too)
+            result["stage_seconds"]["paused_loading"] = max(0.0, watcher.paused_s - ctx.paused_waiting_s)
         runner = state.pop("runner", None)
         if runner is not None:
             calibration = state.get("calibration")
@@ -425,6 +431,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         ctx.send({"type": "runner", "pid": runner.pid})  # whose memory the watchdog holds against the limit
         files = neighbours.pause_files(job)
         if files is not None:  # stopped from now until the device is granted, whenever another judge measures it
+            ctx.paused_waiting_s = 0.0
             ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send)
             runner.paused = ctx.watcher.paused_seconds  # its waits for the runner leave out the time it was paused
             ctx.watcher.watch()
