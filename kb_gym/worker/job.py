@@ -270,6 +270,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         runner = state.pop("runner", None)
         if runner is not None:
             calibration = state.get("calibration")
+            launchers = getattr(runner, "launchers", {})  # (a stand-in runner of the tests has none)
             result["runner"] = {"rtt_ms": runner.rtt_ms, "forked": runner.forked,
                                 "overhead_ms": calibration.overhead_ms if calibration else None,
                                 "zygote_error": ctx.pool.zygote_error if ctx.pool else "",
@@ -282,8 +283,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 # launchers the judges built, copied in; of those its calls asked for, how many
                                 # were there (seeded or in its own cache by then) and how many it had to build
                                 "triton_launchers": {"seeded": int(result.get("triton_launchers") or 0),
-                                                     "hits": sum(runner.launchers.values()),
-                                                     "misses": sum(not h for h in runner.launchers.values())},
+                                                     "hits": sum(launchers.values()),
+                                                     "misses": sum(not h for h in launchers.values())},
                                 "build_reused": result.get("build_reused"),
                                 "build_kept": state.get("build_kept"),
                                 "shm_payloads": runner.shm_payloads,
@@ -298,7 +299,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
             state["runner_gone"] = runner.kill(keep=_keeper(ctx, job, state))
-            missed = [signature for signature, hit in runner.launchers.items() if not hit]
+            missed = [signature for signature, hit in launchers.items() if not hit]
             if missed and _confined(runner):  # built for the next runners, in the background
                 triton_launchers.start_build(triton_launchers.store_root(), missed)
             # teardown's share that must end before the device is free: the candidate's tree gone
