@@ -121,15 +121,18 @@ def record() -> list[dict[str, Any]] | None:
 
     make, compile_c = driver.make_launcher, triton_build._build
     notes: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []  # the note of the launcher just asked for, until Triton looks it up
 
     def make_launcher(constants: Any, signature: Any, tensordesc_meta: Any, *args: Any, **kwargs: Any) -> Any:
+        pending.clear()
         if len(notes) < MAX_REPORTED and not tensordesc_meta and isinstance(signature, dict):
             notes.append({"signature": [s if isinstance(s, str) else "?" for s in signature.values()], "hit": True})
+            pending.append(notes[-1])
         return make(constants, signature, tensordesc_meta, *args, **kwargs)
 
     def build(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == NAME and notes:  # Triton compiles the launcher just asked for: it was not in the cache
-            notes[-1]["hit"] = False
+        if name == NAME and pending:  # Triton compiles the launcher just asked for: it was not in the cache
+            pending.pop()["hit"] = False
         return compile_c(name, *args, **kwargs)
 
     driver.make_launcher = make_launcher
