@@ -49,7 +49,9 @@ FIXED (session 43): 3, the pause stops the tree again at each look (a SIGCONT ca
 system call, so the burner never took it), and a process seen to switch out of its own will since the first reading
 (it took a stop, or slept) has its kernel time counted from then on (``neighbours._ran``'s ``switched``): the burner
 is killed within ~0.1 s, and tests/test_neighbours.py's honest long mapping is still not; 4, an entry's times must be
-finite and not negative (``judge_timing.plausible``, ``calibration_board._times``). OPEN: 1 and 2, strict xfails (a
+finite and not negative (``judge_timing.plausible``, ``calibration_board._times``); and a runner that says no form is
+held to the reference's all the same (``correctness.run_trials``: "" skipped the check; an honest runner always says
+it). OPEN: 1 and 2, strict xfails (a
 per-element rounding scale for the float64 opinion, not built).
 
 HELD (passing tests): a runner that reports a 4 MB form, a non-string form or a form holding control tokens leaves
@@ -134,6 +136,14 @@ def test_an_odd_form_leaves_the_judge_up_and_the_next_evaluation_fresh(ev, name)
     assert r.status in ("correct", "incorrect", "runtime_error"), (r.status, r.error)
     honest = ev.evaluate(SCALE, reference_as_candidate(SCALE), config=CHECK)
     assert honest.status == "correct" and honest.flags == ["no_custom_kernel"], (honest.status, honest.flags)
+
+
+@pytest.mark.parametrize("form", ['""', "None"], ids=["empty", "none"])
+def test_a_runner_that_says_no_form_is_held_to_the_reference_s_all_the_same(ev, form):
+    # (y,) for y, with the runner's form report silenced: "" (or no string, read as "") skipped the check until session
+    # 43; an honest runner always says its form
+    r = ev.evaluate(SCALE, FORM_LIE.format(form=form, out="(x * 2.0 + 1.0,)"), config=CHECK)
+    assert r.status == "incorrect" and "no form" in r.error, (r.status, r.error)
 
 
 def test_a_form_lie_does_not_pass_wrong_values(ev):
