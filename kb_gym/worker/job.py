@@ -299,9 +299,10 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
                                 "pch": {**runner.pch, "removed": state.get("pch_removed", [])},
                                 "headers": runner.headers}
             state["runner_gone"] = runner.kill(keep=_keeper(ctx, job, state))
-            missed = [signature for signature, hit in launchers.items() if not hit]
-            if missed and _confined(runner):  # built for the next runners, in the background
-                triton_launchers.start_build(triton_launchers.store_root(), missed)
+            if launchers and _confined(runner):  # the misses built for the next runners, in the background
+                store = triton_launchers.store_root()
+                triton_launchers.note_hits(store, [signature for signature, hit in launchers.items() if hit])
+                triton_launchers.start_build(store, [signature for signature, hit in launchers.items() if not hit])
             # teardown's share that must end before the device is free: the candidate's tree gone
             result["stage_seconds"]["runner_kill"] = time.perf_counter() - teardown
             parts = getattr(runner, "kill_seconds", {})  # (a stand-in runner of the tests has none)

@@ -24,8 +24,9 @@ once, and that is its verdict (``runtime_error``): it ran beside another candida
 few milliseconds is what the probe check reads as another context's, and the measurement's next pass has no
 neighbour left. The stop is read as RunnerProcess.frozen reads it, but leniently: a loading tree is busy (a compiler
 reading headers, a GPU driver's threads), so a thread asleep in the kernel, even uninterruptibly, counts as stopped
-(it runs nothing of its own until it leaves, and then stops), and a tree not seen stopped within SETTLE_S is not
-killed for that; it is killed where it used more than RAN_NS of CPU, or started a process, while paused. GPU work
+(it runs nothing of its own until it leaves, and then stops). A tree still running after SETTLE_S (a thread inside one
+long system call) keeps the measurement waiting until it stops, and is killed past STOP_LIMIT_S; once the measurement
+has begun, a tree is killed where it used more than RAN_NS of CPU, or started a process, while paused. GPU work
 queued before the stop still runs; the probe check's quiet interval looks for it.
 
 What it costs: a measurement waits for the watchers' next look (POLL_S) and their stops; a paused candidate's load
@@ -52,13 +53,21 @@ from kb_gym.device_lock import flock_file
 
 POLL_S = 0.01  # a watcher's look at the measure file: what a measurement waits for at least
 RAN_POLL_S = 0.05  # a paused tree's CPU use read this often (each read is every thread's schedstat)
-WAIT_S = 5.0  # a measurement's wait for every watched runner to stop
+
 SETTLE_S = 2.0  # the longest a measurement waits for a tree's running threads to stop (one in a long system call)
 # CPU a paused tree may still use: a system call's tail as a thread that was asleep in it wakes (a compiler's read)
 # and stops; round 5's SIGCONT timer spends all of a poll's 50 ms
 RAN_NS = 20_000_000
 RAN_TICKS = 5
+SWITCHED_KERNEL_NS = 250_000_000  # kernel time forgiven a paused tree after it switched out (below, ``_ran``)
+# A tree with a thread still running in the kernel after SETTLE_S (one system call: a populate of gigabytes) keeps the
+# measurement waiting until it stops, for at most this long, and is killed past it: a single call of a candidate's
+# (round 34: a 112 GB read-only zero-page populate, 7 s in the kernel) ran beside the measurement otherwise
+STOP_LIMIT_S = 15.0
+WAIT_S = STOP_LIMIT_S + 3.0  # a measurement's wait for every watched runner to stop
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # the grain of /proc's utime and stime
+DID_NOT_STOP = (f"the candidate's processes did not stop within {STOP_LIMIT_S:g} s for another candidate's measurement "
+                "on the same device (a system call that long): killed")
 RAN_WHILE_PAUSED = ("the candidate's processes ran while they were stopped for another candidate's measurement on "
                     "the same device (something resumed them): killed")
 
@@ -101,11 +110,17 @@ def _ran(before: dict[int, sandbox.ProcessUsage], after: dict[int, sandbox.Proce
     # but a process seen to switch out of its own will since the first reading (it took the stop, or slept) is not
     # in that first call any more, or may not be: its kernel time from then on counts too (round 33: a burner
     # resumed by a timer's SIGCONT, each time straight into another long mmap, ran 1.97 s of a 2 s measurement).
-    kernel = 0
+    # A switch is also an honest system call's sleep (a read from a cold disk waits, then copies on in the kernel:
+    # round 34's 384 MB read, ~70 ms of it), so kernel time after a switch is forgiven up to SWITCHED_KERNEL_NS.
+    kernel = late = 0
     for pid, u in after.items():
         if pid not in switched and u.voluntary > before[pid].voluntary:
             switched[pid] = u.system_ticks  # counted from this reading on: the tail up to it is the old call's
-        kernel += max(0, min(u.system_ticks, switched.get(pid, u.system_ticks)) - before[pid].system_ticks)
+        spent = max(0, u.system_ticks - before[pid].system_ticks)
+        since = min(spent, max(0, u.system_ticks - switched.get(pid, u.system_ticks)))
+        kernel += spent - since
+        late += since
+    kernel += min(late, SWITCHED_KERNEL_NS // TICK_NS)
     if cpu - kernel * TICK_NS > RAN_NS or ticks - kernel >= RAN_TICKS:
         return True
     return any(pid not in after and not u.exiting and not sandbox.alive(pid) for pid, u in before.items())
@@ -232,7 +247,10 @@ class PauseWatcher:
         self._begin_pause()
         procs = self.runner.stop()
         try:
-            sandbox.unstopped(procs, SETTLE_S, also=("D",))
+            still = sandbox.unstopped(procs, SETTLE_S, also=("D",))
+            if still and sandbox.unstopped(still, STOP_LIMIT_S - SETTLE_S, also=("D",)):
+                self._kill(DID_NOT_STOP)  # the measurement waited for it (``unpaused`` is still held) and need not
+                return
             # A child forked while the stop landed (its parent inside fork() takes the SIGSTOP only on its way out,
             # the child never gets it) shows only now: stopped too, before the tree is read (round 28).
             self.runner.restop()

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -44,16 +45,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kb_gym.file_tree import remove_tree
+
 ENV = "KB_GYM_TRITON_LAUNCHERS"
 NAME = "__triton_launcher"  # the module name Triton's CudaLauncher builds
 MAX_ARGS = 64
 MAX_REPORTED = 16  # signatures a runner's replies may carry in all
-MAX_LAUNCHERS = 512  # folders in the store; past that nothing new is built (each is one ~20-60 KB library)
+MAX_LAUNCHERS = 512  # folders in the store; past that a builder evicts the launchers hit least lately
 MAX_SEEDED = 256  # the newest, copied into a runner
 SCALARS = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64", "fp16", "bf16", "fp32",
                      "f32", "fp64", "constexpr"})
 POINTER = re.compile(r"\*k?[a-z][a-z0-9]{0,11}")  # "*fp32", "*i64", "*fp8e4nv": the element type is not in the C
+ALIASES = {"f32": "fp32", "i1": "i8", "u1": "u8"}
 READY, FAILED, LAUNCHERS = "ready", "failed", "launchers"
+ORPHAN_AGE_S = 3600.0  # a store folder no marker names (a builder stopped between its move and its marker) is removed
+
 _started: dict[str, float] = {}  # signature key -> when this judge last started its build
 RESTART_AFTER_S = 300.0
 
@@ -85,12 +91,20 @@ def store_root() -> Path | None:
 
 def signature_of(value: Any) -> tuple[str, ...] | None:
     """A signature a runner reported, if it is one of known argument kinds (tensor descriptors and tuples are
-    not: their launchers need more than the signature); None for anything else."""
+    not: their launchers need more than the signature), in its canonical form; None for anything else."""
     if not isinstance(value, list) or len(value) > MAX_ARGS:
         return None
     if not all(isinstance(t, str) and (t in SCALARS or POINTER.fullmatch(t)) for t in value):
         return None
-    return tuple(value)
+    return canonical(tuple(value))
+
+
+def canonical(signature: tuple[str, ...]) -> tuple[str, ...]:
+    """One name per kind the launcher's C tells apart: every pointer is ``*fp32`` (the C passes a device pointer
+    whatever its element type), ``f32`` is ``fp32``, ``i1`` ``i8`` and ``u1`` ``u8`` (the same C types). Round 34:
+    ``*q0x0``, ``*q0x1``, ... were as many keys, builds and markers for one launcher, and pushed the honest ones out
+    of the newest seeded."""
+    return tuple("*fp32" if t.startswith("*") else ALIASES.get(t, t) for t in signature)
 
 
 def reported(value: Any) -> list[tuple[tuple[str, ...], bool]]:
@@ -104,7 +118,7 @@ def reported(value: Any) -> list[tuple[tuple[str, ...], bool]]:
 
 
 def key(signature: tuple[str, ...]) -> str:
-    return hashlib.sha256(json.dumps(list(signature)).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(list(canonical(signature))).encode()).hexdigest()[:32]
 
 
 # -- in a runner, before the candidate loads ---------------------------------------------------------------------
@@ -160,8 +174,6 @@ def start_build(root: Path | None, signatures: list[tuple[str, ...]]) -> int:
         return 0
     with contextlib.suppress(OSError):
         (root / LAUNCHERS).mkdir(parents=True, exist_ok=True)
-        if sum(1 for _ in (root / LAUNCHERS).iterdir()) >= MAX_LAUNCHERS:
-            return 0
         with tempfile.NamedTemporaryFile("w", dir=root, prefix="request-", suffix=".json", delete=False) as f:
             json.dump(todo, f)
         with open(root / "build.log", "ab") as log:
@@ -172,27 +184,49 @@ def start_build(root: Path | None, signatures: list[tuple[str, ...]]) -> int:
     return 0
 
 
+def note_hits(root: Path | None, signatures: list[tuple[str, ...]]) -> None:
+    """Mark the launchers a runner found in its cache as used now: a full store evicts those used least lately."""
+    for signature in signatures if root is not None else []:
+        with contextlib.suppress(OSError):
+            os.utime(root / READY / f"{key(signature)}.json")
+
+
 def seed(root: Path | None, runner_cache: Path) -> int:
-    """Copy the store's launchers (the newest ``MAX_SEEDED``, each checked against its marker) into a runner's
-    Triton cache, those it lacks only; how many."""
+    """Copy the store's launchers (the ``MAX_SEEDED`` folders of the markers used most lately, each checked against
+    its marker) into a runner's Triton cache, those it lacks only; how many."""
     if root is None or not (root / READY).is_dir():
         return 0
-    try:
-        markers = sorted((root / READY).glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    except OSError:  # a marker removed while listed: the next job sees the store settled
-        return 0
     copied = 0
-    for marker in markers[:MAX_SEEDED]:
-        for name in _verified(root, marker):
-            target = runner_cache / name
-            if target.exists():
-                continue
-            try:
-                shutil.copytree(root / LAUNCHERS / name, target, symlinks=False)
-                copied += 1
-            except OSError:
-                shutil.rmtree(target, ignore_errors=True)  # half a launcher is worse than none
+    for name in _newest_folders(root, MAX_SEEDED):
+        target = runner_cache / name
+        if target.exists():
+            continue
+        try:
+            shutil.copytree(root / LAUNCHERS / name, target, symlinks=False)
+            copied += 1
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)  # half a launcher is worse than none
     return copied
+
+
+def _markers(root: Path) -> list[tuple[int, Path]]:
+    """The ready markers, used most lately first."""
+    out = []
+    for marker in (root / READY).glob("*.json"):
+        with contextlib.suppress(OSError):  # removed while listed
+            out.append((marker.stat().st_mtime_ns, marker))
+    return sorted(out, reverse=True)
+
+
+def _newest_folders(root: Path, limit: int) -> list[str]:
+    """The folders verified markers name, the markers used most lately first, at most ``limit``."""
+    names: dict[str, None] = {}
+    for _, marker in _markers(root):
+        for name in _verified(root, marker):
+            names.setdefault(name)
+        if len(names) >= limit:
+            break
+    return list(names)[:limit]
 
 
 def _files(folder: Path) -> list[list[Any]]:
@@ -204,14 +238,19 @@ def _files(folder: Path) -> list[list[Any]]:
     return out
 
 
+def _plain_folder(path: Path) -> bool:
+    """A folder itself, not a link to one (round 34: a marker naming a link out of the store was seeded)."""
+    return stat.S_ISDIR(path.lstat().st_mode)
+
+
 def _verified(root: Path, marker: Path) -> list[str]:
     """The folders a ready marker names, if every file is as built; a marker whose files changed is removed with
     them (where runners are not confined some process may have written there)."""
     try:
         folders = json.loads(marker.read_text())["folders"]
         if isinstance(folders, dict) and all(
-                isinstance(n, str) and "/" not in n and n not in ("", ".", "..") and _files(root / LAUNCHERS / n) == f
-                for n, f in folders.items()):
+                isinstance(n, str) and "/" not in n and n not in ("", ".", "..") and _plain_folder(root / LAUNCHERS / n)
+                and _files(root / LAUNCHERS / n) == f for n, f in folders.items()):
             return list(folders)
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -242,7 +281,7 @@ def build(root: Path, signatures: list[tuple[str, ...]]) -> dict[str, str]:
                 continue
             before = set(os.listdir(staging))
             try:
-                src = driver.make_launcher({}, dict(enumerate(signature)), None)
+                src = driver.make_launcher({}, dict(enumerate(canonical(signature))), None)
                 compile_module_from_src(src=src, name=NAME, library_dirs=driver.library_dirs(),
                                         include_dirs=driver.include_dirs, libraries=driver.libraries)
                 folders = {}
@@ -257,7 +296,34 @@ def build(root: Path, signatures: list[tuple[str, ...]]) -> dict[str, str]:
                 done[k] = "failed"
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    _evict(root)
     return done
+
+
+def _evict(root: Path) -> None:
+    """Keep the store within MAX_LAUNCHERS folders: the launchers used least lately go first, with their markers; a
+    folder no marker names goes once it is ORPHAN_AGE_S old (a builder beside this one may be about to mark it)."""
+    markers = _markers(root)
+    named: set[str] = set()
+    for _, marker in markers:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            named.update(json.loads(marker.read_text())["folders"])
+    now = time.time()
+    for folder in (root / LAUNCHERS).iterdir():
+        with contextlib.suppress(OSError):
+            if folder.name not in named and now - folder.lstat().st_mtime > ORPHAN_AGE_S:
+                remove_tree(folder)
+    excess = sum(1 for _ in (root / LAUNCHERS).iterdir()) - MAX_LAUNCHERS
+    for _, marker in reversed(markers):
+        if excess <= 0:
+            break
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            folders = json.loads(marker.read_text())["folders"]
+            marker.unlink()
+            for name in folders:
+                if isinstance(name, str) and "/" not in name and name not in ("", ".", ".."):
+                    remove_tree(root / LAUNCHERS / name)
+                    excess -= 1
 
 
 def _write(path: Path, text: str) -> None:
