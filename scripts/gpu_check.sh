@@ -114,7 +114,7 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
                   case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
                              shared) envs="KB_GYM_DEVICE_PAYLOAD=1 KB_GYM_SHARED_STAGES=1";;
-                             triton) envs="KB_GYM_TRITON_CACHE=1";;  # the defaults with Triton's kept kernels
+                             triton) envs="KB_GYM_TRITON_CACHE=1 KB_GYM_TRITON_LAUNCHERS=1";;  # the defaults with Triton's kept kernels and judge-built launchers
                              *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton"; return 2;; esac
                   echo "== throughput variant $v ($envs)"
                   env $envs python3 -P -m kb_gym.cli bench --batch --no-kernelbench-way --warm-builds \

@@ -215,6 +215,15 @@ def test_nothing_is_recorded_or_built_where_triton_builds_no_launcher_per_signat
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(triton_launchers, "_driver", lambda: None)
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv(triton_launchers.ENV, "1")
     assert triton_launchers.record() is None
     assert triton_launchers.store_root() is None
     assert triton_launchers.build(tmp_path / "store", [("i32",)]) == {}
+
+
+def test_the_store_is_off_unless_asked_for(driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.delenv(triton_launchers.ENV, raising=False)
+    assert triton_launchers.store_root() is None  # off by default until its GPU run
+    monkeypatch.setenv(triton_launchers.ENV, "1")
+    assert triton_launchers.store_root() is not None

@@ -25,8 +25,9 @@ Whatever a candidate reports can only make the builder compile launchers of know
 The store sits beside the build cache, which Landlock keeps runners out of; launchers are built from, and
 given to, confined runners only, since an unconfined one could plant a folder and its marker.
 
-Triton from 3.7 on has no per-signature launcher (``make_launcher`` is gone): there this does nothing.
-Off with ``KB_GYM_TRITON_LAUNCHERS=0``.
+Triton from 3.7 on has no per-signature launcher (``make_launcher`` is gone): there this does nothing. On with
+``KB_GYM_TRITON_LAUNCHERS=1`` (read by the judges; off by default until tests/gpu/test_gpu_triton_launchers.py has run
+on a GPU: runners still note their launchers, which nothing reads then).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ RESTART_AFTER_S = 300.0
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    """Off by default until its first GPU run (as the Triton cache was): the CPU's Triton builds no launchers."""
+    return os.environ.get(ENV, "0") == "1"
 
 
 def _driver() -> Any:

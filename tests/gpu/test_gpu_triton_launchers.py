@@ -30,6 +30,7 @@ def test_a_launcher_the_judge_built_serves_the_next_candidate_of_the_same_argume
     assert OTHER_RELU != TRITON_RELU
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+        mp.setenv(triton_launchers.ENV, "1")  # the judges read it: set before they start
         with Evaluator("cuda:0", results_path=False, baseline_cache=False) as ev:
             first = ev.evaluate(RELU, TRITON_RELU, config=CONFIG)
             root = triton_launchers.store_root()
