@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+from adversarial.stand_ins import fake_driver
 
 from kb_gym.worker import triton_launchers
 
@@ -27,32 +28,9 @@ pytestmark = pytest.mark.skipif(
 SIGNATURE = {0: "*fp32", 1: "*fp32", 2: "i32", 3: "constexpr"}
 
 
-def _kind(t: str) -> str:
-    return "ptr" if t.startswith("*") else t
-
-
-def _fake_driver() -> types.ModuleType:
-    driver = types.ModuleType("fake_nvidia_driver")
-
-    def make_launcher(constants, signature, tensordesc_meta):  # noqa: ANN001, ANN202
-        kinds = ",".join(_kind(t) for t in signature.values())
-        return ("#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n"
-                f"static const char kinds[] = \"{kinds}\";\n"
-                "static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"__triton_launcher\", NULL, 0, NULL};\n"
-                "PyMODINIT_FUNC PyInit___triton_launcher(void) {\n"
-                "  PyObject *mod = PyModule_Create(&m);\n"
-                "  if (mod) PyModule_AddStringConstant(mod, \"kinds\", kinds);\n  return mod;\n}\n")
-
-    driver.make_launcher = make_launcher
-    driver.library_dirs = lambda: []
-    driver.include_dirs = []
-    driver.libraries = []
-    return driver
-
-
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    fake = _fake_driver()
+    fake = fake_driver()
     monkeypatch.setattr(triton_launchers, "_driver", lambda: fake)
     return fake
 
@@ -200,7 +178,7 @@ def test_the_builder_reads_its_request_and_drops_what_is_not_a_signature(
 
 def test_a_launcher_that_does_not_build_is_marked_failed_and_not_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _fake_driver()
+    fake = fake_driver()
     fake.make_launcher = lambda constants, signature, meta: "this is not C"
     monkeypatch.setattr(triton_launchers, "_driver", lambda: fake)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))

@@ -75,26 +75,23 @@ Time: ~20 s for the file on this 2-core machine.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
 import time
 import types
 
 import pytest
 import torch
 from device import DEVICE, ON_GPU
+from stand_ins import Tree, tree_cpu_ns
 from test_redteam_round5 import UNFREEZABLE
 from test_redteam_round12 import SCALE  # x * 2 + 1 on 64 x 256
 from test_redteam_round31 import ROW_SUM  # 1000 randn(4096, 64) summed per row
 
-from kb_gym import EvalConfig, Evaluator, Problem, sandbox
+from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.calibration_board import CalibrationBoard, problem_hash
 from kb_gym.problems import reference_as_candidate
 from kb_gym.worker import judge_timing, neighbours
 from kb_gym.worker.checks import compare_outputs, near_miss, reference_is_inexact
 from kb_gym.worker.inputs import make_inputs
-from kb_gym.worker.runner_client import RunnerProcess
 
 CHECK = EvalConfig(trials=3, timing=False, load_timeout=60, correctness_timeout=60, integrity="off")
 HEAD = "import torch\nimport torch.nn as nn\n"
@@ -252,26 +249,6 @@ while True:  # the burner: nearly all of its time in the kernel, zeroing fresh p
 '''
 
 
-class Tree:
-    """What PauseWatcher needs of a runner (as in tests/test_neighbours.py): a pid and counted stops."""
-
-    stop = RunnerProcess.stop
-    restop = RunnerProcess.restop
-    resume = RunnerProcess.resume
-
-    def __init__(self, code: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-        self.pid = self.proc.pid
-        self._stops, self._stopped, self._stop_lock = 0, set(), threading.Lock()
-
-    def close(self) -> None:
-        sandbox.kill_tree(self.pid)
-        self.proc.kill()
-        self.proc.wait()
-
-
-def _tree_cpu_ns(pid: int) -> int:
-    return sum(u.cpu_ns for u in sandbox.process_usage(pid).values())
 
 
 def test_a_neighbour_that_burns_inside_the_kernel_is_stopped_or_killed(tmp_path):
@@ -283,9 +260,9 @@ def test_a_neighbour_that_burns_inside_the_kernel_is_stopped_or_killed(tmp_path)
         watcher.watch()
         measuring = neighbours.Measuring(files)
         assert measuring.begin(wait=5.0)
-        before = _tree_cpu_ns(tree.pid)
+        before = tree_cpu_ns(tree.pid)
         time.sleep(2.0)  # another candidate's measurement
-        ran_s = (_tree_cpu_ns(tree.pid) - before) / 1e9
+        ran_s = (tree_cpu_ns(tree.pid) - before) / 1e9
         measuring.end()
         time.sleep(0.1)
         # sound: stopped through the measurement, or killed for running in it

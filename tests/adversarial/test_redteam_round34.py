@@ -98,16 +98,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 import types
 from pathlib import Path
 
 import pytest
+from stand_ins import Tree, fake_driver, tree_cpu_ns
 
-from kb_gym import sandbox
 from kb_gym.worker import job, neighbours, triton_launchers
-from kb_gym.worker.runner_client import RunnerProcess
 
 NEEDS_CC = pytest.mark.skipif(
     shutil.which("gcc") is None and shutil.which("clang") is None
@@ -119,32 +117,9 @@ HONEST = ("*fp32", "*fp32", "i32", "constexpr")
 
 # --- the stand-in driver (as tests/test_triton_launchers.py's) --------------------------------------------------------
 
-def _kind(t: str) -> str:
-    return "ptr" if t.startswith("*") else t
-
-
-def _fake_driver() -> types.ModuleType:
-    driver = types.ModuleType("fake_nvidia_driver_round34")
-
-    def make_launcher(constants, signature, tensordesc_meta):  # noqa: ANN001, ANN202
-        kinds = ",".join(_kind(t) for t in signature.values())
-        return ("#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n"
-                f"static const char kinds[] = \"{kinds}\";\n"
-                "static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"__triton_launcher\", NULL, 0, NULL};\n"
-                "PyMODINIT_FUNC PyInit___triton_launcher(void) {\n"
-                "  PyObject *mod = PyModule_Create(&m);\n"
-                "  if (mod) PyModule_AddStringConstant(mod, \"kinds\", kinds);\n  return mod;\n}\n")
-
-    driver.make_launcher = make_launcher
-    driver.library_dirs = lambda: []
-    driver.include_dirs = []
-    driver.libraries = []
-    return driver
-
-
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> types.ModuleType:
-    fake = _fake_driver()
+    fake = fake_driver("fake_nvidia_driver_round34")
     monkeypatch.setattr(triton_launchers, "_driver", lambda: fake)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))  # the builder sets it: restored after the test
     return fake
@@ -287,26 +262,6 @@ def test_a_planted_library_under_a_forged_marker_is_not_seeded(tmp_path):
 
 # --- the neighbour pause ----------------------------------------------------------------------------------------------
 
-class Tree:
-    """What PauseWatcher needs of a runner (as in tests/test_neighbours.py): a pid and counted stops."""
-
-    stop = RunnerProcess.stop
-    restop = RunnerProcess.restop
-    resume = RunnerProcess.resume
-
-    def __init__(self, code: str, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", code, *args], start_new_session=True)
-        self.pid = self.proc.pid
-        self._stops, self._stopped, self._stop_lock = 0, set(), threading.Lock()
-
-    def close(self) -> None:
-        sandbox.kill_tree(self.pid)
-        self.proc.kill()
-        self.proc.wait()
-
-
-def _tree_cpu_ns(pid: int) -> int:
-    return sum(u.cpu_ns for u in sandbox.process_usage(pid).values())
 
 
 def _paused_often(tmp_path: Path, code: str, *args: str, warm: float = 1.0, pauses: int = 4) -> tuple[str, int]:
@@ -354,9 +309,9 @@ def test_a_neighbour_inside_one_long_zero_page_populate_does_not_run_through_the
         # the measurement waits (neighbours.WAIT_S) while the tree runs on in its call: until it stops, or is killed
         # past neighbours.STOP_LIMIT_S (session 43; before, it began after SETTLE_S beside the running call)
         assert measuring.begin()
-        before = _tree_cpu_ns(tree.pid)
+        before = tree_cpu_ns(tree.pid)
         time.sleep(2.0)  # another candidate's measurement
-        ran_s = (_tree_cpu_ns(tree.pid) - before) / 1e9
+        ran_s = (tree_cpu_ns(tree.pid) - before) / 1e9
         measuring.end()
         time.sleep(0.1)
         # sound: stopped through the measurement, or killed for running in it (or the measurement not begun)
