@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 import types
+from pathlib import Path
 
 from kb_gym import sandbox
+from kb_gym.worker import neighbours
 from kb_gym.worker.runner_client import RunnerProcess
 
 
@@ -32,6 +35,29 @@ class Tree:
 
 def tree_cpu_ns(pid: int) -> int:
     return sum(u.cpu_ns for u in sandbox.process_usage(pid).values())
+
+
+def through_a_measurement(code: str, folder: Path, loading_s: float, wait: float | None = None) -> tuple[str, float]:
+    """A tree running ``code`` loads for ``loading_s``, then is paused for a 2 s measurement (``Measuring.begin``
+    waiting ``wait``, its default where None): the watcher's verdict ("" where none) and the CPU seconds the tree
+    ran inside the measurement."""
+    files = folder / "cpu.measure", folder / "cpu.unpaused"
+    tree = Tree(code)
+    watcher = neighbours.PauseWatcher(files, tree)
+    try:
+        time.sleep(loading_s)
+        watcher.watch()
+        measuring = neighbours.Measuring(files)
+        assert measuring.begin() if wait is None else measuring.begin(wait=wait)
+        before = tree_cpu_ns(tree.pid)
+        time.sleep(2.0)  # another candidate's measurement
+        ran_s = (tree_cpu_ns(tree.pid) - before) / 1e9
+        measuring.end()
+        time.sleep(0.1)
+        return watcher.verdict, ran_s
+    finally:
+        watcher.unwatch()
+        tree.close()
 
 
 def _kind(t: str) -> str:

@@ -81,7 +81,7 @@ import types
 import pytest
 import torch
 from device import DEVICE, ON_GPU
-from stand_ins import Tree, tree_cpu_ns
+from stand_ins import through_a_measurement
 from test_redteam_round5 import UNFREEZABLE
 from test_redteam_round12 import SCALE  # x * 2 + 1 on 64 x 256
 from test_redteam_round31 import ROW_SUM  # 1000 randn(4096, 64) summed per row
@@ -89,7 +89,7 @@ from test_redteam_round31 import ROW_SUM  # 1000 randn(4096, 64) summed per row
 from kb_gym import EvalConfig, Evaluator, Problem
 from kb_gym.calibration_board import CalibrationBoard, problem_hash
 from kb_gym.problems import reference_as_candidate
-from kb_gym.worker import judge_timing, neighbours
+from kb_gym.worker import judge_timing
 from kb_gym.worker.checks import compare_outputs, near_miss, reference_is_inexact
 from kb_gym.worker.inputs import make_inputs
 
@@ -252,24 +252,9 @@ while True:  # the burner: nearly all of its time in the kernel, zeroing fresh p
 
 
 def test_a_neighbour_that_burns_inside_the_kernel_is_stopped_or_killed(tmp_path):
-    files = tmp_path / "cpu.measure", tmp_path / "cpu.unpaused"
-    tree = Tree(KERNEL_BURNER)
-    watcher = neighbours.PauseWatcher(files, tree)
-    try:
-        time.sleep(0.8)  # loading: burning while it may
-        watcher.watch()
-        measuring = neighbours.Measuring(files)
-        assert measuring.begin(wait=5.0)
-        before = tree_cpu_ns(tree.pid)
-        time.sleep(2.0)  # another candidate's measurement
-        ran_s = (tree_cpu_ns(tree.pid) - before) / 1e9
-        measuring.end()
-        time.sleep(0.1)
-        # sound: stopped through the measurement, or killed for running in it
-        assert watcher.verdict or ran_s < 0.1, f"ran {ran_s:.2f} s of CPU inside a 2 s measurement, not killed"
-    finally:
-        watcher.unwatch()
-        tree.close()
+    verdict, ran_s = through_a_measurement(KERNEL_BURNER, tmp_path, loading_s=0.8, wait=5.0)
+    # sound: stopped through the measurement, or killed for running in it
+    assert verdict or ran_s < 0.1, f"ran {ran_s:.2f} s of CPU inside a 2 s measurement, not killed"
 
 
 # --- 4. the calibration board -------------------------------------------------------------------------------------------

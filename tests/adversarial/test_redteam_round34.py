@@ -103,7 +103,7 @@ import types
 from pathlib import Path
 
 import pytest
-from stand_ins import Tree, fake_driver, tree_cpu_ns
+from stand_ins import Tree, fake_driver, through_a_measurement
 
 from kb_gym.worker import job, neighbours, triton_launchers
 
@@ -299,26 +299,11 @@ while True:  # one system call of ~7 s here, all of it in the kernel (the zero p
 
 
 def test_a_neighbour_inside_one_long_zero_page_populate_does_not_run_through_the_measurement(tmp_path):
-    files = tmp_path / "cpu.measure", tmp_path / "cpu.unpaused"
-    tree = Tree(ZERO_PAGE_BURNER)
-    watcher = neighbours.PauseWatcher(files, tree)
-    try:
-        time.sleep(0.3)  # loading: inside its first mapping
-        watcher.watch()
-        measuring = neighbours.Measuring(files)
-        # the measurement waits (neighbours.WAIT_S) while the tree runs on in its call: until it stops, or is killed
-        # past neighbours.STOP_LIMIT_S (session 43; before, it began after SETTLE_S beside the running call)
-        assert measuring.begin()
-        before = tree_cpu_ns(tree.pid)
-        time.sleep(2.0)  # another candidate's measurement
-        ran_s = (tree_cpu_ns(tree.pid) - before) / 1e9
-        measuring.end()
-        time.sleep(0.1)
-        # sound: stopped through the measurement, or killed for running in it (or the measurement not begun)
-        assert watcher.verdict or ran_s < 0.1, f"ran {ran_s:.2f} s of CPU inside a 2 s measurement, not killed"
-    finally:
-        watcher.unwatch()
-        tree.close()
+    # the measurement waits (neighbours.WAIT_S) while the tree runs on in its call: until it stops, or is killed past
+    # neighbours.STOP_LIMIT_S (session 43; before, it began after SETTLE_S beside the running call)
+    verdict, ran_s = through_a_measurement(ZERO_PAGE_BURNER, tmp_path, loading_s=0.3)
+    # sound: stopped through the measurement, or killed for running in it (or the measurement not begun)
+    assert verdict or ran_s < 0.1, f"ran {ran_s:.2f} s of CPU inside a 2 s measurement, not killed"
 
 
 COLD_READER = '''
