@@ -247,27 +247,30 @@ class PauseWatcher:
         self._begin_pause()
         procs = self.runner.stop()
         try:
-            still = sandbox.unstopped(procs, SETTLE_S, also=("D",))
-            if still and sandbox.unstopped(still, STOP_LIMIT_S - SETTLE_S, also=("D",)):
-                self._kill(DID_NOT_STOP)  # the measurement waited for it (``unpaused`` is still held) and need not
-                return
+            sandbox.unstopped(procs, SETTLE_S, also=("D",))
             # A child forked while the stop landed (its parent inside fork() takes the SIGSTOP only on its way out,
             # the child never gets it) shows only now: stopped too, before the tree is read (round 28).
             self.runner.restop()
             usage = sandbox.process_usage(self.runner.pid)
+            switched: dict[int, int] = {}
+            # A thread still inside one long system call takes the stop only when the call returns: the measurement
+            # waits for it (``unpaused`` held), its own code watched meanwhile, and past STOP_LIMIT_S it is killed
+            # (round 34: a 7 s populate ran beside the measurement that began after SETTLE_S)
+            limit = time.monotonic() + STOP_LIMIT_S - SETTLE_S
+            while not self._stop.is_set() and sandbox.unstopped(list(usage), 0.0, also=("D",)):
+                if time.monotonic() > limit:
+                    self._kill(DID_NOT_STOP)
+                    return
+                time.sleep(RAN_POLL_S)
+                if self._ran_again(usage, switched):
+                    return
             os.close(self._unpaused_fd)
             self._unpaused_fd = None
             looked = time.monotonic()
-            switched: dict[int, int] = {}
             while not self._stop.is_set():
                 if time.monotonic() - looked >= RAN_POLL_S or not _held_elsewhere(self.measure, self._look_fd):
                     looked = time.monotonic()
-                    # stopped again: a SIGCONT (a timer's, a child's) cancels a stop still pending in a long system
-                    # call, so the process never takes it and never switches out (round 33); a stopped one ignores it
-                    self.runner.restop()
-                    if _ran(usage, sandbox.process_usage(self.runner.pid), switched):
-                        # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
-                        self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
+                    if self._ran_again(usage, switched):
                         return
                 if not _held_elsewhere(self.measure, self._look_fd) and self._rejoin():
                     return
@@ -275,6 +278,17 @@ class PauseWatcher:
         finally:
             self.runner.resume()
             self._end_pause()
+
+    def _ran_again(self, usage: dict[int, sandbox.ProcessUsage], switched: dict[int, int]) -> bool:
+        """Stop the tree again (a SIGCONT, a timer's or a child's, cancels a stop still pending in a long system call,
+        so the process never takes it and never switches out: round 33; a stopped one ignores it) and kill it where
+        it ran since ``usage`` was read (``_ran``); whether it was killed."""
+        self.runner.restop()
+        if not _ran(usage, sandbox.process_usage(self.runner.pid), switched):
+            return False
+        # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
+        self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
+        return True
 
     def _rejoin(self) -> bool:
         """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""
