@@ -297,7 +297,7 @@ def build(root: Path, signatures: list[tuple[str, ...]]) -> dict[str, str]:
                 _write(root / FAILED / k, f"{type(exc).__name__}: {str(exc)[:500]}")
                 done[k] = "failed"
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
     _evict(root)
     return done
 
