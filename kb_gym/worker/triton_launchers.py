@@ -207,7 +207,7 @@ def seed(root: Path | None, runner_cache: Path) -> int:
             shutil.copytree(root / LAUNCHERS / name, target, symlinks=False)
             copied += 1
         except OSError:
-            shutil.rmtree(target, ignore_errors=True)  # half a launcher is worse than none
+            remove_tree(target)  # half a launcher is worse than none
     return copied
 
 
