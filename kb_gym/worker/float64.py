@@ -7,12 +7,17 @@ from typing import Any
 import torch
 
 from kb_gym.worker.checks import (
+    CHUNK,
+    FLOAT64_FACTOR,
     Comparison,
+    RoundingSpread,
     compare_outputs,
+    error_stats,
     flatten_outputs,
     judge_against_float64,
     near_miss,
     reference_is_inexact,
+    reference_near_tolerance,
 )
 from kb_gym.worker.loading import out_of_device_memory, trim_traceback
 
@@ -27,15 +32,21 @@ def judge(device: torch.device, ref_model: Any, inputs: list[Any], cand_out: Any
     if cmp.ok or not near_miss(cmp):
         return cmp
     exact = float64_answer(device, ref_model, inputs, ref_out, result, state)
-    reference_errors = None if exact is None else reference_is_inexact(ref_out, exact, atol, rtol)
-    if reference_errors is None:
+    if exact is None:
         return cmp
-    if "ill_conditioned" not in result["flags"]:
-        result["flags"].append("ill_conditioned")
+    reference_errors = reference_is_inexact(ref_out, exact, atol, rtol)
+    spreads = None
+    if reference_errors is not None or reference_near_tolerance(ref_out, exact, atol, rtol):
+        spreads = rounding_spread(device, ref_model, inputs, ref_out, exact, atol, rtol, result, state)
+    if reference_errors is None and spreads is None:
+        return cmp
     report = result.setdefault("correctness", {})
     report["judged_against_float64"] = report.get("judged_against_float64", 0) + 1
     second = judge_against_float64(cand_out, ref_out, exact, atol, rtol, [*(trivial or []), *(other_answers or [])],
-                                   reference_errors)
+                                   reference_errors, spreads)
+    # the reference was off on this input, or the candidate passed only against float64
+    if (reference_errors is not None or second.ok) and "ill_conditioned" not in result["flags"]:
+        result["flags"].append("ill_conditioned")
     if not second.ok:
         second.reason = f"{cmp.reason}; {second.reason}"
         return second
@@ -76,6 +87,120 @@ def float64_answer(device: torch.device, ref_model: Any, inputs: list[Any], ref_
         answers.append(out[i].to(device=r.device, dtype=r.dtype))
         out[i] = None
     return answers
+
+
+# The reference's own rounding, sampled: the fp32 reference and float64 on the input and on this many nearby inputs
+# (each floating input times 1 + a uniform draw within +-PERTURBATION). 2^-12 moves every input by thousands of
+# ulps, so the samples round independently, and the values by too little to change how hard an element is to round
+# (a cancelling sum's terms stay as large). 3: four samples; their largest bounds an element's scale from below
+# well enough for FLOAT64_ELEMENT_FACTOR (checks.py); each costs a forward in fp32 and one in float64.
+FLOAT64_SAMPLES = 3
+PERTURBATION = 2.0 ** -12
+SPREAD_SEED = 0x5EED
+
+
+def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref_out: Any, exact: list[torch.Tensor],
+                    atol: float, rtol: float, result: dict[str, Any],
+                    state: dict[str, Any]) -> list[RoundingSpread | None] | None:
+    """Per output (None for integer ones), how far the fp32 reference is from float64 on ``inputs`` and on
+    FLOAT64_SAMPLES nearby ones: each element's largest error, and the mean count near the tolerance and relative L2
+    error. None where it cannot be sampled (the float64 answer is computed on the host, the reference fails on the
+    nearby inputs or runs out of memory, its outputs change form): the opinion then holds the whole output to the
+    reference's largest error on this input, as before."""
+    if state.get("float64_on_host") or state.get("spread_failed") or not isinstance(ref_model, torch.nn.Module):
+        return None
+    report = result.setdefault("correctness", {})
+    refs = flatten_outputs(ref_out)
+    spreads = [_Sampled(r) if r.is_floating_point() else None for r in refs]
+    failure = None
+    try:
+        for s, r, e in zip(spreads, refs, exact, strict=True):
+            if s is not None:
+                s.add(r, e, atol, rtol)
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # the judge's own draws go on as if nothing ran
+            for k in range(FLOAT64_SAMPLES):
+                nearby = _nearby(inputs, SPREAD_SEED + k)
+                torch.manual_seed(SPREAD_SEED + k)  # a forward that draws numbers draws the same in both precisions
+                low = _in_own_precision(ref_model, [_copy(x) for x in nearby])
+                torch.manual_seed(SPREAD_SEED + k)
+                high = _in_float64(ref_model, nearby, device)
+                del nearby
+                if len(low) != len(refs) or any(a.shape != r.shape or b.shape != r.shape
+                                                for a, b, r in zip(low, high, refs, strict=True)):
+                    failure = "the reference's outputs changed form on a nearby input"
+                    break
+                for i, (s, a, r) in enumerate(zip(spreads, low, refs, strict=True)):
+                    b, high[i] = high[i].to(r.dtype), None  # one float64 tensor at a time released
+                    if s is not None:
+                        s.add(a, b, atol, rtol)
+                del low, high
+    except Exception as exc:  # noqa: BLE001
+        failure = trim_traceback(exc, "")[-300:]
+    if failure is not None:  # outside the handler: its traceback would keep the failed samples on the device
+        report["float64_spread_error"] = failure
+        state["spread_failed"] = True
+        return None
+    report["float64_sampled"] = report.get("float64_sampled", 0) + 1
+    return [None if s is None else s.spread() for s in spreads]
+
+
+class _Sampled:
+    """One output's samples of the reference's distance from float64, gathered slice by slice."""
+
+    def __init__(self, r: torch.Tensor) -> None:
+        self.scale = torch.zeros(r.numel(), dtype=torch.float32, device=r.device)
+        self.near = self.l2 = 0.0
+        self.samples = 0
+
+    def add(self, low: torch.Tensor, high: torch.Tensor, atol: float, rtol: float) -> None:
+        fl, fh = low.detach().reshape(-1), high.detach().reshape(-1)
+        for lo in range(0, fl.numel(), CHUNK):
+            diff = (fl[lo:lo + CHUNK].double() - fh[lo:lo + CHUNK].double()).abs()
+            diff = torch.where(torch.isfinite(diff), diff, 0.0)  # where both are infinite, no scale to learn
+            torch.maximum(self.scale[lo:lo + CHUNK], diff.float(), out=self.scale[lo:lo + CHUNK])
+        frac, l2 = error_stats(low, high, atol / FLOAT64_FACTOR, rtol / FLOAT64_FACTOR)
+        self.near += frac * fl.numel()
+        self.l2 += error_stats(low, high)[1]
+        self.samples += 1
+
+    def spread(self) -> RoundingSpread:
+        return RoundingSpread(self.scale, float(self.scale.max().item()) if self.scale.numel() else 0.0,
+                              self.near / self.samples, self.l2 / self.samples)
+
+
+def _nearby(inputs: list[Any], seed: int) -> list[Any]:
+    """``inputs`` with every floating tensor moved by a relative draw within +-PERTURBATION (new tensors)."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            draw = torch.Generator(device=x.device).manual_seed(seed)
+            noise = torch.rand(x.shape, generator=draw, device=x.device, dtype=x.dtype)
+            out.append(x + x * noise.mul_(2).sub_(1).mul_(PERTURBATION))
+        else:
+            out.append(x)
+    return out
+
+
+def _copy(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def _in_own_precision(ref_model: torch.nn.Module, args: list[Any]) -> list[Any]:
+    """``ref_model(*args)`` as it is, its parameters and buffers given back afterwards: a BatchNorm in training mode
+    updates its running statistics in place, and a forward may replace a buffer outright."""
+    held = [(table, key, t, t.detach().clone() if table is m._buffers else None) for m in ref_model.modules()
+            for table in (m._parameters, m._buffers) for key, t in table.items() if t is not None]
+    try:
+        with torch.no_grad():
+            out = flatten_outputs(ref_model(*args))
+        return out
+    finally:
+        with torch.no_grad():
+            for table, key, t, saved in held:
+                table[key] = t
+                if saved is not None:
+                    t.copy_(saved)
 
 
 def _failed(exc: Exception, report: dict[str, Any], state: dict[str, Any]) -> None:

@@ -37,12 +37,12 @@ GOT THROUGH (holes):
 3. The float64 verdict replaces the whole comparison and judges floating outputs only. ``compare_outputs`` returns at
    the first failing output; where that is a narrow miss of an ill-conditioned float output, ``judge_against_float64``
    decides, and it skips every output that is not floating (``if not r.is_floating_point(): continue``: integer, bool,
-   complex) and compares the rest through ``_error_stats`` on flattened ``.double()`` values: no later output's values
+   complex) and compares the rest through ``error_stats`` on flattened ``.double()`` values: no later output's values
    (integers), dtype or shape is checked. On ``(x.sum(1), x.amax(1), x.argmax(1))``, ``x = 1000 randn(65536, 64)``
    (the fp32 row sums are off from float64 on a few rows of every input), a candidate nudges one row sum past the
    tolerance and returns zeros for the argmax, the max as float64, or the max shaped (65536, 1): ``correct`` (5 of 5
    each; the two-output version (sum, argmax) timed: 7.1-7.8x for a true ~1x). The max one element longer:
-   ``_error_stats`` raises in the judge: ``crash``, "the judge failed", a judge restart (a candidate-made judge
+   ``error_stats`` raises in the judge: ``crash``, "the judge failed", a judge restart (a candidate-made judge
    failure; round 7 fixed the last one). The next honest evaluation is judged as on a fresh Evaluator (held:
    ``test_after_a_candidate_crashed_the_judge_the_next_is_judged_as_on_a_fresh_evaluator``).
 4. The float64 verdict's L2 floor lets the elements it forgives be far off. It allows 3x the reference's count of
