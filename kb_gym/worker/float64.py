@@ -10,6 +10,7 @@ from kb_gym.worker.checks import (
     CHUNK,
     FLOAT64_FACTOR,
     Comparison,
+    ReferenceErrors,
     RoundingSpread,
     compare_outputs,
     error_stats,
@@ -20,32 +21,75 @@ from kb_gym.worker.checks import (
     reference_near_tolerance,
 )
 from kb_gym.worker.loading import out_of_device_memory, trim_traceback
+from kb_gym.worker.spot_check import SampledOutputs, reference_pieces
 
 
 def judge(device: torch.device, ref_model: Any, inputs: list[Any], cand_out: Any, ref_out: Any, atol: float,
           rtol: float, result: dict[str, Any], state: dict[str, Any], trivial: list[torch.Tensor] | None = None,
           other_answers: list[torch.Tensor] | None = None) -> Comparison:
     """``compare_outputs``, with a second opinion from float64 on a narrow miss: where the fp32 reference
-    itself is off from the float64 answer (``ill_conditioned``), the candidate is held to the reference's
-    own accuracy instead (checks.judge_against_float64). Otherwise the first verdict stands."""
+    itself is off from the float64 answer, or near the tolerance (``ill_conditioned``), the candidate is held to the
+    reference's own accuracy instead (checks.judge_against_float64). Otherwise the first verdict stands."""
     cmp = compare_outputs(cand_out, ref_out, atol, rtol, trivial, other_answers)
     if cmp.ok or not near_miss(cmp):
         return cmp
+    opinion = _opinion(device, ref_model, inputs, ref_out, atol, rtol, result, state)
+    if opinion is None:
+        return cmp
+    exact, reference_errors, spreads = opinion
+    second = judge_against_float64(cand_out, ref_out, exact, atol, rtol, [*(trivial or []), *(other_answers or [])],
+                                   reference_errors, spreads)
+    return _second(cmp, second, reference_errors is not None, result)
+
+
+def judge_chunks(device: torch.device, ref_model: Any, inputs: list[Any], ref_out: Any, sample: SampledOutputs,
+                 atol: float, rtol: float, result: dict[str, Any], state: dict[str, Any]) -> Comparison:
+    """The same for the chunks drawn of a timed call's outputs (spot_check.py): on a narrow miss, the float64 answer
+    and the reference's rounding are computed whole and the chunks held to the same pieces of them (round 31: a
+    kernel more exact than an ill-conditioned reference, whose trials all fell where the reference was exact, failed
+    its spot-checked calls)."""
+    refs = flatten_outputs(ref_out)
+    ref_pieces, why = reference_pieces(refs, sample)
+    if why:
+        return Comparison(False, why)
+    values = [v for *_, v in sample.chunks]
+    cmp = compare_outputs(values, ref_pieces, atol, rtol)
+    if cmp.ok or not near_miss(cmp):
+        return cmp
+    opinion = _opinion(device, ref_model, inputs, ref_out, atol, rtol, result, state)
+    if opinion is None:
+        return cmp
+    exact, reference_errors, spreads = opinion
+    exact_pieces = [exact[k].reshape(-1)[first:first + v.numel()] for k, first, v in sample.chunks]
+    spread_pieces = None if spreads is None else [None if spreads[k] is None else spreads[k].piece(first, v.numel())
+                                                  for k, first, v in sample.chunks]
+    second = judge_against_float64(values, ref_pieces, exact_pieces, atol, rtol, spreads=spread_pieces)
+    return _second(cmp, second, reference_errors is not None, result)
+
+
+def _opinion(device: torch.device, ref_model: Any, inputs: list[Any], ref_out: Any, atol: float, rtol: float,
+             result: dict[str, Any], state: dict[str, Any]) -> tuple[list[torch.Tensor], ReferenceErrors | None,
+                                                                   list[RoundingSpread | None] | None] | None:
+    """The float64 answer, the reference's errors from it where it is off, and its rounding sampled where it is near
+    the tolerance; None where the first verdict stands (no float64 answer, a reference exact to well within the
+    tolerance, or one differently defined)."""
     exact = float64_answer(device, ref_model, inputs, ref_out, result, state)
     if exact is None:
-        return cmp
+        return None
     reference_errors = reference_is_inexact(ref_out, exact, atol, rtol)
     spreads = None
     if reference_errors is not None or reference_near_tolerance(ref_out, exact, atol, rtol):
         spreads = rounding_spread(device, ref_model, inputs, ref_out, exact, atol, rtol, result, state)
     if reference_errors is None and spreads is None:
-        return cmp
+        return None
     report = result.setdefault("correctness", {})
     report["judged_against_float64"] = report.get("judged_against_float64", 0) + 1
-    second = judge_against_float64(cand_out, ref_out, exact, atol, rtol, [*(trivial or []), *(other_answers or [])],
-                                   reference_errors, spreads)
-    # the reference was off on this input, or the candidate passed only against float64
-    if (reference_errors is not None or second.ok) and "ill_conditioned" not in result["flags"]:
+    return exact, reference_errors, spreads
+
+
+def _second(cmp: Comparison, second: Comparison, reference_off: bool, result: dict[str, Any]) -> Comparison:
+    # ``ill_conditioned``: the reference was off on this input, or the candidate passed only against float64
+    if (reference_off or second.ok) and "ill_conditioned" not in result["flags"]:
         result["flags"].append("ill_conditioned")
     if not second.ok:
         second.reason = f"{cmp.reason}; {second.reason}"

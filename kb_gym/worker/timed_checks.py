@@ -24,7 +24,7 @@ from kb_gym.worker.checks import (
     rel_l2,
 )
 from kb_gym.worker.correctness import KEPT_ANSWER_ELEMENTS, trivial_outputs
-from kb_gym.worker.float64 import judge
+from kb_gym.worker.float64 import judge, judge_chunks
 from kb_gym.worker.inputs import make_inputs
 from kb_gym.worker.spot_check import SampledOutputs, reference_pieces
 
@@ -66,6 +66,10 @@ def timed_output_check(device: torch.device, ref_mod: Any, ref_model: Any, dtype
         inputs = make_inputs(ref_mod, seed, device, dtype, widen=widen) if degenerate else None
         if isinstance(cand_out, SampledOutputs):
             why = check_chunks(cand_out, ref_out, atol, rtol, inputs, others)
+            if why is not None and inputs is None:  # the float64 second opinion on a narrow miss, as whole outputs get
+                cmp = judge_chunks(device, ref_model, make_inputs(ref_mod, seed, device, dtype, widen=widen), ref_out,
+                                   cand_out, atol, rtol, result, state)
+                why = None if cmp.ok else f"on chunks drawn after the call: {cmp.reason}"
             keep_answer(ref_out, degenerate, seed)
             return why
         trivial = trivial_outputs(ref_out, inputs) if degenerate else None
