@@ -84,3 +84,74 @@ def test_the_answer_on_the_judges_device_matches_float64():
     answer = float64.float64_answer(torch.device("cpu"), model, inputs, ref_out, result, {})
     torch.testing.assert_close(answer[0], _exact(model, inputs).float(), atol=1e-7, rtol=1e-6)
     assert "float64_on" not in result.get("correctness", {}) and model.weight.dtype == torch.float32
+
+
+# --- the reference's own rounding, sampled on nearby inputs (rounding_spread) ----------------------------------------
+
+class BatchStats(torch.nn.Module):
+    """A reference that updates state in place as it runs (a BatchNorm in training mode) and draws numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x).sum(dim=1) + 0 * torch.rand(1)
+
+
+def test_sampling_the_references_rounding_leaves_the_judges_model_inputs_and_draws_as_they_were():
+    torch.manual_seed(0)
+    model = BatchStats()
+    x = 100 * torch.randn(256, 64)
+    kept_x, stats = x.clone(), [t.clone() for t in model.norm._buffers.values()]
+    with torch.no_grad():
+        ref_out = model(x)
+    stats = [t.clone() for t in model.norm._buffers.values()]
+    exact = float64.float64_answer(torch.device("cpu"), model, [x], ref_out, {"flags": []}, {})
+    before = torch.random.get_rng_state()
+    result, state = {"flags": []}, {}
+    spreads = float64.rounding_spread(torch.device("cpu"), model, [x], ref_out, exact, 1e-4, 1e-4, result, state)
+    assert spreads is not None and result["correctness"]["float64_sampled"] == 1
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert torch.equal(x, kept_x)
+    assert all(torch.equal(a, b) for a, b in zip(model.norm._buffers.values(), stats, strict=True))
+    assert model.norm.weight.dtype == torch.float32 and model.training
+    spread = spreads[0]
+    assert spread.scale.shape == (256,) and spread.worst == float(spread.scale.max())
+    assert spread.worst > 0 and spread.l2 > 0
+
+
+class MixedRows(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=1)
+
+
+def test_each_element_gets_its_own_rounding_scale():
+    """Rows of two scales: the small rows' scale is the small rows' rounding, not the large rows' (round 33)."""
+    torch.manual_seed(0)
+    x = torch.cat([1e5 * torch.randn(512, 64), torch.randn(512, 64)])
+    model = MixedRows()
+    ref_out = model(x)
+    exact = [x.double().sum(1).float()]
+    spread = float64.rounding_spread(torch.device("cpu"), model, [x], ref_out, exact, 1e-4, 1e-4, {"flags": []},
+                                     {})[0]
+    assert spread.scale[:512].max() > 1e-3 and spread.scale[512:].max() < 1e-4
+    assert spread.worst == float(spread.scale[:512].max())
+
+
+def test_a_reference_that_fails_on_a_nearby_input_leaves_the_whole_output_bound(monkeypatch):
+    """Where the sampling fails, the opinion falls back to the input alone, and the job does not try again."""
+    model, inputs, ref_out = _case()
+    exact = float64.float64_answer(torch.device("cpu"), model, inputs, ref_out, {"flags": []}, {})
+
+    def fails(ref_model, args):
+        raise RuntimeError("only integers in this input")
+
+    monkeypatch.setattr(float64, "_in_own_precision", fails)
+    result, state = {"flags": []}, {}
+    assert float64.rounding_spread(torch.device("cpu"), model, inputs, ref_out, exact, 1e-4, 1e-4, result,
+                                   state) is None
+    assert state["spread_failed"] and "only integers" in result["correctness"]["float64_spread_error"]
+    assert float64.rounding_spread(torch.device("cpu"), model, inputs, ref_out, exact, 1e-4, 1e-4, result,
+                                   state) is None  # once per job
+    assert inputs[1].tolist() == [0, 0, 0, 0]

@@ -259,7 +259,8 @@ def _in_float64(ref_model: torch.nn.Module, inputs: list[Any], where: torch.devi
     judge's.
 
     The model is cast in place, not copied: a copy would leave submodules that a closure holds (minGPT's
-    ``mlpf`` lambda) in fp32. Afterwards every parameter and buffer gets its own tensor back, on its own device.
+    ``mlpf`` lambda) in fp32. Integer buffers, which the cast leaves alone, run on copies (a BatchNorm counts its
+    batches in place). Afterwards every parameter and buffer gets its own tensor back, on its own device.
     Tensors the forward makes itself (an LSTM's random initial state) follow the default dtype, float64 here."""
     held = [(table, key, t) for m in ref_model.modules() for table in (m._parameters, m._buffers)
             for key, t in table.items() if t is not None]
@@ -269,6 +270,10 @@ def _in_float64(ref_model: torch.nn.Module, inputs: list[Any], where: torch.devi
         args = [(x.to(where, torch.float64, copy=True) if x.is_floating_point() else x.to(where, copy=True))
                 if isinstance(x, torch.Tensor) else x for x in inputs]
         ref_model.to(where, torch.float64)
+        for m in ref_model.modules():  # integer buffers are not cast, so not copied (a BatchNorm's batch count)
+            for key, t in m._buffers.items():
+                if t is not None and not t.is_floating_point():
+                    m._buffers[key] = t.clone()
         torch.set_default_dtype(torch.float64)
         with torch.no_grad():
             out = flatten_outputs(ref_model(*args))
