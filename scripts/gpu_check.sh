@@ -51,7 +51,7 @@ ADVERSARIAL_GROUPS=(
   "$A/test_redteam_round22.py $A/test_shared_payload.py"
   "$A/test_scratch_disk.py $A/test_runtime_checks.py"
   "$A/test_audit.py $A/test_faults.py $A/test_neighbour_pause.py"
-  "$A/test_soak.py $A/test_redteam_round28.py $A/test_redteam_round33.py"
+  "$A/test_soak.py $A/test_redteam_round28.py $A/test_redteam_round33.py $A/test_redteam_round35.py"
 )
 
 # Several groups at once (ADVERSARIAL_GROUP="3 4 5 6": one pytest each, side by side on the one GPU, each its own log

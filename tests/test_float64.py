@@ -144,14 +144,15 @@ def test_a_reference_that_fails_on_a_nearby_input_leaves_the_whole_output_bound(
     model, inputs, ref_out = _case()
     exact = float64.float64_answer(torch.device("cpu"), model, inputs, ref_out, {"flags": []}, {})
 
-    def fails(ref_model, args):
+    def fails(ref_model, args, where):
         raise RuntimeError("only integers in this input")
 
     monkeypatch.setattr(float64, "_in_own_precision", fails)
     result, state = {"flags": []}, {}
     assert float64.rounding_spread(torch.device("cpu"), model, inputs, ref_out, exact, 1e-4, 1e-4, result,
                                    state) is None
-    assert state["spread_failed"] and "only integers" in result["correctness"]["float64_spread_error"]
+    assert state["spread_failed"] == "reference"
+    assert "only integers" in result["correctness"]["float64_spread_error"]
     assert float64.rounding_spread(torch.device("cpu"), model, inputs, ref_out, exact, 1e-4, 1e-4, result,
                                    state) is None  # once per job
     assert inputs[1].tolist() == [0, 0, 0, 0]

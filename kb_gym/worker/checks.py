@@ -461,7 +461,7 @@ def judge_against_float64(candidate: Any, reference: Any, exact: list[torch.Tens
             allowed = ELEMENT_ALLOWANCE[0] + ELEMENT_ALLOWANCE[1] * r.numel()
             if own > allowed:
                 return Comparison(False, f"{label}: against a float64 computation of the answer {own} value(s) are "
-                                         f"further off than {FLOAT64_ELEMENT_FACTOR:g}x the fp32 reference's own "
+                                         f"further off than {FLOAT64_ELEMENT_FACTOR:g}x the reference's own "
                                          f"error on them (over this input and nearby ones) and the tolerance; at most "
                                          f"{allowed:.0f} may be", mismatch_fraction=frac, rel_l2=l2, numeric=True)
         else:

@@ -80,6 +80,8 @@ def _opinion(device: torch.device, ref_model: Any, inputs: list[Any], ref_out: A
     spreads = None
     if reference_errors is not None or reference_near_tolerance(ref_out, exact, atol, rtol):
         spreads = rounding_spread(device, ref_model, inputs, ref_out, exact, atol, rtol, result, state)
+    if spreads is None and state.get("spread_failed") == "memory":
+        return None
     if reference_errors is None and spreads is None:
         return None
     report = result.setdefault("correctness", {})
@@ -151,24 +153,27 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
     error. None where it cannot be sampled (the float64 answer is computed on the host, the reference fails on the
     nearby inputs or runs out of memory, its outputs change form): the opinion then holds the whole output to the
     reference's largest error on this input, as before."""
-    if state.get("float64_on_host") or state.get("spread_failed") or not isinstance(ref_model, torch.nn.Module):
+    if state.get("spread_failed") or not isinstance(ref_model, torch.nn.Module):
         return None
+    # where the float64 answer is: on the host once the device could not hold it (round 35: a candidate that keeps the
+    # device's memory sent the opinion there, and an opinion without samples held the whole output to one bound)
+    where = torch.device("cpu") if state.get("float64_on_host") else device
     report = result.setdefault("correctness", {})
     refs = flatten_outputs(ref_out)
     spreads = [_Sampled(r) if r.is_floating_point() else None for r in refs]
-    failure = None
+    failure, memory = None, False
     try:
         for s, r, e in zip(spreads, refs, exact, strict=True):
             if s is not None:
                 s.add(r, e, atol, rtol)
-        devices = [device] if device.type == "cuda" else []
+        devices = [where] if where.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):  # the judge's own draws go on as if nothing ran
             for k in range(FLOAT64_SAMPLES):
                 nearby = _nearby(inputs, SPREAD_SEED + k)
                 torch.manual_seed(SPREAD_SEED + k)  # a forward that draws numbers draws the same in both precisions
-                low = _in_own_precision(ref_model, [_copy(x) for x in nearby])
+                low = _in_own_precision(ref_model, nearby, where)
                 torch.manual_seed(SPREAD_SEED + k)
-                high = _in_float64(ref_model, nearby, device)
+                high = _in_float64(ref_model, nearby, where)
                 del nearby
                 if len(low) != len(refs) or any(a.shape != r.shape or b.shape != r.shape
                                                 for a, b, r in zip(low, high, refs, strict=True)):
@@ -181,9 +186,12 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
                 del low, high
     except Exception as exc:  # noqa: BLE001
         failure = trim_traceback(exc, "")[-300:]
+        memory = isinstance(exc, MemoryError) or out_of_device_memory(exc)
     if failure is not None:  # outside the handler: its traceback would keep the failed samples on the device
         report["float64_spread_error"] = failure
-        state["spread_failed"] = True
+        # out of memory, the first verdict stands (a runner's memory is the candidate's to choose); where the
+        # reference itself does not run on nearby inputs, the whole output is held to its error on this input
+        state["spread_failed"] = "memory" if memory else "reference"
         return None
     report["float64_sampled"] = report.get("float64_sampled", 0) + 1
     return [None if s is None else s.spread() for s in spreads]
@@ -202,7 +210,8 @@ class _Sampled:
         for lo in range(0, fl.numel(), CHUNK):
             diff = (fl[lo:lo + CHUNK].double() - fh[lo:lo + CHUNK].double()).abs()
             diff = torch.where(torch.isfinite(diff), diff, 0.0)  # where both are infinite, no scale to learn
-            torch.maximum(self.scale[lo:lo + CHUNK], diff.float(), out=self.scale[lo:lo + CHUNK])
+            part = self.scale[lo:lo + CHUNK]
+            torch.maximum(part, diff.to(part.device, torch.float32), out=part)
         frac, l2 = error_stats(low, high, atol / FLOAT64_FACTOR, rtol / FLOAT64_FACTOR)
         self.near += frac * fl.numel()
         self.l2 += error_stats(low, high)[1]
@@ -214,37 +223,20 @@ class _Sampled:
 
 
 def _nearby(inputs: list[Any], seed: int) -> list[Any]:
-    """``inputs`` with every floating tensor moved by a relative draw within +-PERTURBATION (new tensors)."""
+    """``inputs`` with every floating tensor moved by a relative draw within +-PERTURBATION, or +-4 of its dtype's
+    ulps where that is more (new tensors). Drawn and moved in float32 at least: in float16 or bfloat16 a move of
+    2^-12 rounds back to the input itself, and the samples were one (round 35)."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             draw = torch.Generator(device=x.device).manual_seed(seed)
-            noise = torch.rand(x.shape, generator=draw, device=x.device, dtype=x.dtype)
-            out.append(x + x * noise.mul_(2).sub_(1).mul_(PERTURBATION))
+            wide = x.to(torch.promote_types(x.dtype, torch.float32))
+            noise = torch.rand(x.shape, generator=draw, device=x.device, dtype=wide.dtype)
+            reach = max(PERTURBATION, 4 * torch.finfo(x.dtype).eps)
+            out.append((wide + wide * noise.mul_(2).sub_(1).mul_(reach)).to(x.dtype))
         else:
             out.append(x)
     return out
-
-
-def _copy(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
-
-
-def _in_own_precision(ref_model: torch.nn.Module, args: list[Any]) -> list[Any]:
-    """``ref_model(*args)`` as it is, its parameters and buffers given back afterwards: a BatchNorm in training mode
-    updates its running statistics in place, and a forward may replace a buffer outright."""
-    held = [(table, key, t, t.detach().clone() if table is m._buffers else None) for m in ref_model.modules()
-            for table in (m._parameters, m._buffers) for key, t in table.items() if t is not None]
-    try:
-        with torch.no_grad():
-            out = flatten_outputs(ref_model(*args))
-        return out
-    finally:
-        with torch.no_grad():
-            for table, key, t, saved in held:
-                table[key] = t
-                if saved is not None:
-                    t.copy_(saved)
 
 
 def _failed(exc: Exception, report: dict[str, Any], state: dict[str, Any]) -> None:
@@ -256,25 +248,45 @@ def _failed(exc: Exception, report: dict[str, Any], state: dict[str, Any]) -> No
 def _in_float64(ref_model: torch.nn.Module, inputs: list[Any], where: torch.device) -> list[Any]:
     """``ref_model`` run in float64 on ``where`` on copies of ``inputs``: floating inputs widened (a copy made
     once, not a clone and then a cast), other tensors copied, so nothing the forward changes in place is the
-    judge's.
+    judge's. Tensors the forward makes itself (an LSTM's random initial state) follow the default dtype, float64
+    here."""
+    return _forward_in(ref_model, inputs, where, torch.float64)
+
+
+def _in_own_precision(ref_model: torch.nn.Module, inputs: list[Any], where: torch.device) -> list[Any]:
+    """``ref_model`` run in its own precision on ``where``, on copies of ``inputs`` and of its own state."""
+    return _forward_in(ref_model, inputs, where, None)
+
+
+def _forward_in(ref_model: torch.nn.Module, inputs: list[Any], where: torch.device,
+                dtype: torch.dtype | None) -> list[Any]:
+    """``ref_model`` run on ``where`` with its floating parameters, buffers and inputs in ``dtype`` (None: as they
+    are), everything on copies, so nothing the forward changes in place is the judge's.
 
     The model is cast in place, not copied: a copy would leave submodules that a closure holds (minGPT's
-    ``mlpf`` lambda) in fp32. Integer buffers, which the cast leaves alone, run on copies (a BatchNorm counts its
-    batches in place). Afterwards every parameter and buffer gets its own tensor back, on its own device.
-    Tensors the forward makes itself (an LSTM's random initial state) follow the default dtype, float64 here."""
+    ``mlpf`` lambda) in fp32. What the cast leaves alone (integer buffers, everything where nothing changes) is
+    cloned: a BatchNorm in training mode updates its statistics and counts its batches in place. Afterwards every
+    parameter and buffer gets its own tensor back, on its own device."""
     held = [(table, key, t) for m in ref_model.modules() for table in (m._parameters, m._buffers)
             for key, t in table.items() if t is not None]
     kept = [t.data if isinstance(t, torch.nn.Parameter) else t for *_, t in held]
     default = torch.get_default_dtype()
     try:
-        args = [(x.to(where, torch.float64, copy=True) if x.is_floating_point() else x.to(where, copy=True))
+        args = [(x.to(where, dtype or x.dtype, copy=True) if x.is_floating_point() else x.to(where, copy=True))
                 if isinstance(x, torch.Tensor) else x for x in inputs]
-        ref_model.to(where, torch.float64)
-        for m in ref_model.modules():  # integer buffers are not cast, so not copied (a BatchNorm's batch count)
-            for key, t in m._buffers.items():
-                if t is not None and not t.is_floating_point():
-                    m._buffers[key] = t.clone()
-        torch.set_default_dtype(torch.float64)
+        if dtype is None:
+            ref_model.to(where)
+        else:
+            ref_model.to(where, dtype)
+        for (table, key, _), data in zip(held, kept, strict=True):
+            now = table[key]
+            if isinstance(now, torch.nn.Parameter):
+                if now.data.data_ptr() == data.data_ptr():
+                    now.data = data.clone()
+            elif now is not None and now.data_ptr() == data.data_ptr():
+                table[key] = data.clone()
+        if dtype is not None:
+            torch.set_default_dtype(dtype)
         with torch.no_grad():
             out = flatten_outputs(ref_model(*args))
         del args
