@@ -156,3 +156,35 @@ def test_a_reference_that_fails_on_a_nearby_input_leaves_the_whole_output_bound(
     assert float64.rounding_spread(torch.device("cpu"), model, inputs, ref_out, exact, 1e-4, 1e-4, result,
                                    state) is None  # once per job
     assert inputs[1].tolist() == [0, 0, 0, 0]
+
+
+def _drawn(out: torch.Tensor, firsts: list[int], n: int):
+    from kb_gym.worker.spot_check import SampledOutputs
+
+    meta = [{"shape": list(out.shape), "dtype": str(out.dtype).removeprefix("torch.")}]
+    return SampledOutputs(meta, [(0, first, out.reshape(-1)[first:first + n].clone()) for first in firsts])
+
+
+def test_drawn_chunks_get_the_float64_opinion_with_one_allowance_per_output():
+    """Spot-checked timed outputs: an exact answer where the reference is off passes; small rows moved by the large
+    rows' rounding fail, spread over four chunks of three rows each (the chunks of an output are judged together)."""
+    torch.manual_seed(0)
+    x = torch.cat([1e5 * torch.randn(2048, 64), torch.randn(2048, 64)])[torch.randperm(4096)]
+    model = MixedRows()
+    ref_out = model(x)
+    exact = x.double().sum(1).float()
+    firsts = [0, 1024, 2048, 3072]
+    honest = float64.judge_chunks(torch.device("cpu"), model, [x], ref_out, _drawn(exact, firsts, 512), 1e-4, 1e-4,
+                                  {"flags": []}, {})
+    assert honest.ok
+    wrong = exact.clone()
+    worst = float((ref_out.double() - exact.double()).abs().max())
+    small = [i for i in range(4096) if x[i].abs().max() < 100]
+    for first in firsts:  # three small rows in each drawn chunk
+        for i in [i for i in small if first <= i < first + 512][:3]:
+            wrong[i] += 2.5 * worst
+    result = {"flags": []}
+    verdict = float64.judge_chunks(torch.device("cpu"), model, [x], ref_out, _drawn(wrong, firsts, 512), 1e-4, 1e-4,
+                                   result, {})
+    assert not verdict.ok and "against a float64 computation" in verdict.reason, verdict.reason
+    assert result["correctness"]["judged_against_float64"] == 1

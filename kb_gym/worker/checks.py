@@ -326,10 +326,10 @@ class RoundingSpread:
     near: float  # elements beyond the tolerance / FLOAT64_FACTOR (where 3x the reference would fail): the mean count
     l2: float  # relative L2 error, the mean
 
-    def piece(self, first: int, n: int) -> RoundingSpread:
-        """The spread of ``n`` elements from ``first`` (a chunk drawn of the output): its count by their share."""
-        return RoundingSpread(self.scale[first:first + n], self.worst, self.near * n / max(1, self.scale.numel()),
-                              self.l2)
+    def piece(self, scale: torch.Tensor) -> RoundingSpread:
+        """The spread of some of the output's elements (the chunks drawn of it), ``scale`` theirs: the count by their
+        share."""
+        return RoundingSpread(scale, self.worst, self.near * scale.numel() / max(1, self.scale.numel()), self.l2)
 
 
 def near_miss(cmp: Comparison) -> bool:

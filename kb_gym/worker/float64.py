@@ -60,10 +60,17 @@ def judge_chunks(device: torch.device, ref_model: Any, inputs: list[Any], ref_ou
     if opinion is None:
         return cmp
     exact, reference_errors, spreads = opinion
-    exact_pieces = [exact[k].reshape(-1)[first:first + v.numel()] for k, first, v in sample.chunks]
-    spread_pieces = None if spreads is None else [None if spreads[k] is None else spreads[k].piece(first, v.numel())
-                                                  for k, first, v in sample.chunks]
-    second = judge_against_float64(values, ref_pieces, exact_pieces, atol, rtol, spreads=spread_pieces)
+    # one piece per output, its drawn chunks joined: each output's allowances are given once, not once per chunk
+    drawn = sorted({k for k, _, _ in sample.chunks})
+
+    def joined(t: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.cat([t.reshape(-1)[first:first + v.numel()] for j, first, v in sample.chunks if j == k])
+
+    cand = [torch.cat([v.reshape(-1) for j, _, v in sample.chunks if j == k]) for k in drawn]
+    spread_pieces = None if spreads is None else [
+        None if spreads[k] is None else spreads[k].piece(joined(spreads[k].scale, k)) for k in drawn]
+    second = judge_against_float64(cand, [joined(refs[k], k) for k in drawn], [joined(exact[k], k) for k in drawn],
+                                   atol, rtol, spreads=spread_pieces)
     return _second(cmp, second, reference_errors is not None, result)
 
 
