@@ -109,13 +109,15 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # The throughput settings side by side, one call, one machine, builds warmed before each clock: THROUGHPUT_VARIANTS
     # (default "memfd device shared"): memfd = the defaults; device = outputs through the judge's device buffer
     # (KB_GYM_DEVICE_PAYLOAD=1); shared = that and correctness/kernel checks holding the device shared
-    # (KB_GYM_SHARED_STAGES=1, device_lock.py); triton = the defaults with Triton's kept kernels
-    # (KB_GYM_TRITON_CACHE=1). Each batch's rows print its memfd and device-buffer calls.
+    # (KB_GYM_SHARED_STAGES=1, device_lock.py); notriton = the defaults without Triton's kept kernels and judge-built
+    # launchers (both on by default on a GPU since session 44); triton = the defaults, named as such (its row before
+    # session 44). Each batch's rows print its memfd and device-buffer calls.
     throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
                   case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
                              shared) envs="KB_GYM_DEVICE_PAYLOAD=1 KB_GYM_SHARED_STAGES=1";;
-                             triton) envs="KB_GYM_TRITON_CACHE=1 KB_GYM_TRITON_LAUNCHERS=1";;  # the defaults with Triton's kept kernels and judge-built launchers
-                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton"; return 2;; esac
+                             triton) envs="KB_GYM_TRITON_CACHE=1 KB_GYM_TRITON_LAUNCHERS=1";;
+                             notriton) envs="KB_GYM_TRITON_CACHE=0 KB_GYM_TRITON_LAUNCHERS=0";;
+                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton, notriton"; return 2;; esac
                   echo "== throughput variant $v ($envs)"
                   env $envs python3 -P -m kb_gym.cli bench --batch --no-kernelbench-way --warm-builds \
                     --workers-per-device 2 ${BATCH_ARGS:-} --out "$OUT/batch-$v.json" || return 1

@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 from adversarial.stand_ins import fake_driver
 
 from kb_gym.worker import triton_launchers
@@ -199,9 +200,11 @@ def test_nothing_is_recorded_or_built_where_triton_builds_no_launcher_per_signat
     assert triton_launchers.build(tmp_path / "store", [("i32",)]) == {}
 
 
-def test_the_store_is_off_unless_asked_for(driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_is_on_where_a_gpu_is_unless_switched_off(driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KB_GYM_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.delenv(triton_launchers.ENV, raising=False)
-    assert triton_launchers.store_root() is None  # off by default until its GPU run
+    assert (triton_launchers.store_root() is not None) == torch.cuda.is_available()  # on by default where a GPU is
+    monkeypatch.setenv(triton_launchers.ENV, "0")
+    assert triton_launchers.store_root() is None
     monkeypatch.setenv(triton_launchers.ENV, "1")
     assert triton_launchers.store_root() is not None
