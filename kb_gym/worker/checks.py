@@ -386,7 +386,8 @@ def _beyond_own_scale(c: torch.Tensor, e: torch.Tensor, spread: RoundingSpread, 
         ec = fe[lo:lo + CHUNK].double()
         diff = (fc[lo:lo + CHUNK].double() - ec).abs()
         tol = atol + rtol * ec.abs()
-        own += int((diff > FLOAT64_ELEMENT_FACTOR * fs[lo:lo + CHUNK].double() + tol).sum().item())
+        own += int((diff > FLOAT64_ELEMENT_FACTOR * fs[lo:lo + CHUNK].to(diff.device, torch.float64) + tol)
+                   .sum().item())  # the scales stay where they were sampled: on the host, where the answer was
         far += int((diff > FLOAT64_FACTOR * spread.worst + tol).sum().item())
     return own, far
 

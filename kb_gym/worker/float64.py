@@ -157,9 +157,10 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
                     state: dict[str, Any]) -> list[RoundingSpread | None] | None:
     """Per output (None for integer ones), how far the fp32 reference is from float64 on ``inputs`` and on
     FLOAT64_SAMPLES nearby ones: each element's largest error, and the mean count near the tolerance and relative L2
-    error. None where it cannot be sampled (the float64 answer is computed on the host, the reference fails on the
-    nearby inputs or runs out of memory, its outputs change form): the opinion then holds the whole output to the
-    reference's largest error on this input, as before."""
+    error. Sampled where the float64 answer is computed (the device, or the host once the device could not hold it),
+    the scales kept there too. None where it cannot be sampled: out of memory (``state["spread_failed"]`` "memory":
+    the first verdict stands), or the reference fails on the nearby inputs or changes its outputs' form ("reference":
+    the whole output is held to the reference's largest error on this input, as before)."""
     if state.get("spread_failed") or not isinstance(ref_model, torch.nn.Module):
         return None
     # where the float64 answer is: on the host once the device could not hold it (round 35: a candidate that keeps the
@@ -167,7 +168,7 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
     where = torch.device("cpu") if state.get("float64_on_host") else device
     report = result.setdefault("correctness", {})
     refs = flatten_outputs(ref_out)
-    spreads = [_Sampled(r) if r.is_floating_point() else None for r in refs]
+    spreads = [_Sampled(r, where) if r.is_floating_point() else None for r in refs]
     failure, memory = None, False
     try:
         for s, r, e in zip(spreads, refs, exact, strict=True):
@@ -176,7 +177,7 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
         devices = [where] if where.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):  # the judge's own draws go on as if nothing ran
             for k in range(FLOAT64_SAMPLES):
-                nearby = _nearby(inputs, SPREAD_SEED + k)
+                nearby = _nearby(inputs, SPREAD_SEED + k, where)
                 torch.manual_seed(SPREAD_SEED + k)  # a forward that draws numbers draws the same in both precisions
                 low = _in_own_precision(ref_model, nearby, where)
                 torch.manual_seed(SPREAD_SEED + k)
@@ -207,18 +208,19 @@ def rounding_spread(device: torch.device, ref_model: Any, inputs: list[Any], ref
 class _Sampled:
     """One output's samples of the reference's distance from float64, gathered slice by slice."""
 
-    def __init__(self, r: torch.Tensor) -> None:
-        self.scale = torch.zeros(r.numel(), dtype=torch.float32, device=r.device)
+    def __init__(self, r: torch.Tensor, where: torch.device) -> None:
+        self.scale = torch.zeros(r.numel(), dtype=torch.float32, device=where)
         self.near = self.l2 = 0.0
         self.samples = 0
 
     def add(self, low: torch.Tensor, high: torch.Tensor, atol: float, rtol: float) -> None:
         fl, fh = low.detach().reshape(-1), high.detach().reshape(-1)
         for lo in range(0, fl.numel(), CHUNK):
-            diff = (fl[lo:lo + CHUNK].double() - fh[lo:lo + CHUNK].double()).abs()
-            diff = torch.where(torch.isfinite(diff), diff, 0.0)  # where both are infinite, no scale to learn
             part = self.scale[lo:lo + CHUNK]
-            torch.maximum(part, diff.to(part.device, torch.float32), out=part)
+            diff = (fl[lo:lo + CHUNK].to(part.device, torch.float64) - fh[lo:lo + CHUNK].to(part.device,
+                                                                                          torch.float64)).abs()
+            diff = torch.where(torch.isfinite(diff), diff, 0.0)  # where both are infinite, no scale to learn
+            torch.maximum(part, diff.float(), out=part)
         frac, l2 = error_stats(low, high, atol / FLOAT64_FACTOR, rtol / FLOAT64_FACTOR)
         self.near += frac * fl.numel()
         self.l2 += error_stats(low, high)[1]
@@ -229,16 +231,16 @@ class _Sampled:
                               self.near / self.samples, self.l2 / self.samples)
 
 
-def _nearby(inputs: list[Any], seed: int) -> list[Any]:
-    """``inputs`` with every floating tensor moved by a relative draw within +-PERTURBATION, or +-4 of its dtype's
-    ulps where that is more (new tensors). Drawn and moved in float32 at least: in float16 or bfloat16 a move of
-    2^-12 rounds back to the input itself, and the samples were one (round 35)."""
+def _nearby(inputs: list[Any], seed: int, where: torch.device) -> list[Any]:
+    """``inputs`` on ``where``, every floating tensor moved by a relative draw within +-PERTURBATION, or +-4 of its
+    dtype's ulps where that is more (new tensors). Drawn and moved in float32 at least: in float16 or bfloat16 a move
+    of 2^-12 rounds back to the input itself, and the samples were one (round 35)."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
-            draw = torch.Generator(device=x.device).manual_seed(seed)
-            wide = x.to(torch.promote_types(x.dtype, torch.float32))
-            noise = torch.rand(x.shape, generator=draw, device=x.device, dtype=wide.dtype)
+            draw = torch.Generator(device=where).manual_seed(seed)
+            wide = x.to(where, torch.promote_types(x.dtype, torch.float32))
+            noise = torch.rand(x.shape, generator=draw, device=where, dtype=wide.dtype)
             reach = max(PERTURBATION, 4 * torch.finfo(x.dtype).eps)
             out.append((wide + wide * noise.mul_(2).sub_(1).mul_(reach)).to(x.dtype))
         else:
