@@ -626,4 +626,6 @@ while True:
 
 def test_a_thread_bank_does_not_hide_a_burn(files):
     verdict, used = _paused_once(files, THREAD_BANK)
-    assert "ran while they were stopped" in verdict or used < 3, (verdict, used)
+    # the burn it would hide is 0.5 s (50 ticks); under a loaded host the tree's way into the stop took 3 ticks in a
+    # clean-clone CI run (session 44), so 10 is the line between the stop's latency and a hidden burn
+    assert "ran while they were stopped" in verdict or used < 10, (verdict, used)
