@@ -25,8 +25,10 @@ CONFIG = EvalConfig(trials=2, timing_warmup=3, timing_min_reps=200, timing_max_r
 HONEST = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
 FORWARD = "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
 
-# Burns the CPU for BUSY_S in its import and records every stretch of more than 20 ms in which it did not run; then
-# fails its load with that record, which the test reads from the error.
+# Burns the CPU until BUSY_S after its import began and records every stretch of more than 20 ms in which it did not
+# run, and the span it recorded over; then fails its load with that record, which the test reads from the error. A
+# pause spends the neighbour's BUSY_S, so a sibling measured after the record ended (as on a GPU, where one window
+# takes ~9 s) is beside a neighbour that no longer runs: only windows inside the span say anything.
 BUSY_S = 10
 RECORDER = f'''
 import time, torch
@@ -38,7 +40,7 @@ while time.time() < _end:
     if _now - _last > 0.02:
         _gaps.append((_last, _now))
     _last = _now
-raise RuntimeError("GAPS " + repr(_gaps))
+raise RuntimeError("GAPS " + repr(_gaps) + " SPAN " + repr((_end - {BUSY_S}, _last)))
 ''' + FORWARD
 
 
@@ -68,9 +70,17 @@ def _gaps(error: str) -> list[tuple[float, float]]:
     return ast.literal_eval(found.group(1))
 
 
-def _timed_windows(siblings) -> list[list[float]]:
+def _span(error: str) -> tuple[float, float]:
+    found = re.search(r"SPAN (\(.*?\))", error or "")
+    assert found, error
+    return ast.literal_eval(found.group(1))
+
+
+def _timed_windows(siblings, span: tuple[float, float]) -> list[list[float]]:
+    """The siblings' timed windows cut to the neighbour's record, where long enough to say something past the margins."""
     windows = [s.worker["timed_at"] for s in siblings if s.status == "correct" and s.worker.get("timed_at")]
-    return [w for w in windows if w[1] - w[0] > 0.3]  # shorter ones say nothing past the margins
+    inside = [[max(w[0], span[0]), min(w[1], span[1])] for w in windows]
+    return [w for w in inside if w[1] - w[0] > 0.3]
 
 
 def test_a_loading_neighbour_is_stopped_while_its_sibling_is_measured(relu):
@@ -79,8 +89,8 @@ def test_a_loading_neighbour_is_stopped_while_its_sibling_is_measured(relu):
     # the neighbour was paused, not killed: its verdict is its own (it raised in its import)
     assert busy.status == "compile_error" and "GAPS" in busy.error, (busy.status, busy.error)
     assert busy.stage_seconds.get("paused_for_neighbours", 0) > 0.1, busy.stage_seconds
-    windows = _timed_windows(siblings)
-    assert windows, [s.worker.get("timed_at") for s in siblings]
+    windows = _timed_windows(siblings, _span(busy.error))
+    assert windows, ([s.worker.get("timed_at") for s in siblings], busy.error)
     gaps = _gaps(busy.error)
     assert all(_stopped_through(gaps, w) for w in windows), (windows, gaps)
     assert all(s.stage_seconds["neighbour_pause_wait"] < 1.0 for s in siblings), [s.stage_seconds for s in siblings]
@@ -91,8 +101,8 @@ def test_without_the_pause_the_neighbour_runs_through_its_siblings_measurement(r
     monkeypatch.setenv("KB_GYM_NEIGHBOUR_PAUSE", "0")
     busy, siblings = _siblings_beside(relu, RECORDER)
     assert busy.stage_seconds.get("paused_for_neighbours") is None, busy.stage_seconds
-    windows = _timed_windows(siblings)
-    assert windows, [s.worker.get("timed_at") for s in siblings]
+    windows = _timed_windows(siblings, _span(busy.error))
+    assert windows, ([s.worker.get("timed_at") for s in siblings], busy.error)
     assert not all(_stopped_through(_gaps(busy.error), w) for w in windows)
 
 
@@ -111,4 +121,4 @@ def test_a_neighbour_that_resumes_itself_while_paused_is_killed_or_never_ran(rel
         return
     assert rogue.status == "compile_error" and "GAPS" in rogue.error, (rogue.status, rogue.error)
     gaps = _gaps(rogue.error)
-    assert all(_stopped_through(gaps, w) for w in _timed_windows(siblings)), gaps
+    assert all(_stopped_through(gaps, w) for w in _timed_windows(siblings, _span(rogue.error))), gaps
