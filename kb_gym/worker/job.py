@@ -431,13 +431,6 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         runner = ctx.pool.take()
         state["runner"] = runner
         ctx.send({"type": "runner", "pid": runner.pid})  # whose memory the watchdog holds against the limit
-        files = neighbours.pause_files(job)
-        if files is not None:  # stopped from now until the device is granted, whenever another judge measures it
-            ctx.paused_waiting_s = 0.0
-            ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send)
-            runner.paused = ctx.watcher.paused_seconds  # its waits for the runner leave out the time it was paused
-            ctx.watcher.watch()
-            deadline += ctx.watcher.paused_seconds()  # a measurement it waited out first (neighbours.py)
         own_clock = runner.cpu_clock and bool(cfg["timing"])  # the CPU clock's harness, read in this very process
         runner.prepare(job["problem_code"], seed, cfg["precision"], bool(cfg.get("tf32", False)),
                        timeout=deadline - time.monotonic(), payload_bytes=hint, reference_model=own_clock)
@@ -458,6 +451,16 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             result["triton_cached"] = triton_cache.restore(job["source"], runner.scratch / "triton", tools)
             if not result["triton_cached"]:
                 state["triton_seeded"] = triton_cache.folders(runner.scratch / "triton")
+        files = neighbours.pause_files(job)
+        if files is not None:  # stopped from now until the device is granted, whenever another judge measures it
+            # From the candidate's load on, not before: until then the runner ran only the judge's code (prepare's
+            # populate and page-locking of a 6.4 GB memfd is seconds in the kernel, with sleeps; watched, an honest
+            # runner was killed for it on an H100 with three and four workers), as a spare does at its start.
+            ctx.paused_waiting_s = 0.0
+            ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send)
+            runner.paused = ctx.watcher.paused_seconds  # its waits for the runner leave out the time it was paused
+            ctx.watcher.watch()
+            deadline += ctx.watcher.paused_seconds()  # a measurement it waited out first (neighbours.py)
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}
