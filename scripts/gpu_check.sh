@@ -7,7 +7,7 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, GPU_TESTS (what the tests part collects, e.g. tests/gpu/test_gpu_wall_check.py), PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way);
+#   AUDIT_RETRY_SECONDS, GPU_TESTS (what the tests part collects, e.g. tests/gpu/test_gpu_wall_check.py), PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way), MEMORY_SAMPLES (seconds: GPU memory by process);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
@@ -202,6 +202,11 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
   esac
 }
 
+# MEMORY_SAMPLES=S: who holds the GPU's memory, sampled every S seconds through the parts (scripts/gpu_memory_sampler.py;
+# $OUT/memory.jsonl, its summary last)
+if [ -n "${MEMORY_SAMPLES:-}" ]; then
+  python3 -P scripts/gpu_memory_sampler.py "$OUT/memory.jsonl" --every "$MEMORY_SAMPLES" & sampler=$!
+fi
 rc=0
 pids=()
 for spec in "${@:-tests demo bench soak}"; do
@@ -220,6 +225,7 @@ for spec in "${@:-tests demo bench soak}"; do
   done
 done
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+if [ -n "${sampler:-}" ]; then kill -TERM "$sampler"; wait "$sampler"; fi
 
 echo "== summary =="
 grep -E "passed|failed" "$OUT/tests.log" "$OUT/adversarial.log" 2>/dev/null | tail -2
@@ -243,6 +249,7 @@ tail -n 8 "$OUT/refcopy.log" 2>/dev/null
 tail -n 12 "$OUT/times.log" 2>/dev/null
 tail -n 9 "$OUT/soak.log" 2>/dev/null
 for f in "$OUT"/audit-*.jsonl; do [ -f "$f" ] && echo "$(basename "$f") rows: $(wc -l <"$f")"; done
+[ -f "$OUT/memory.jsonl" ] && python3 -P scripts/gpu_memory_sampler.py --summary "$OUT/memory.jsonl"
 [ -f "$OUT/audit.log" ] && grep -a -E "problems; passed|passed by|reference inexact|the control" \
   "$OUT/audit.log" | tail -45
 exit $rc
