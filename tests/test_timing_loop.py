@@ -37,6 +37,9 @@ class ScriptedRunner:
         self.log.append("candidate")
         return CallReply(outputs=torch.zeros(2), event_ms=1.0, envelope_ms=1.5, host_ms=0.1, launches=1)
 
+    def inputs_mutated(self, timeout: float) -> bool:
+        return False
+
 
 def test_a_cached_baseline_reference_runs_frozen_and_finishes_before_the_candidates_call():
     """The "rl" preset checks each timed output against the reference's, computed in the judge. Left queued on

@@ -238,7 +238,8 @@ def _determinism_rerun(setup: TrialSetup, last: tuple[int, list[Any], Any], resu
     on the same data depends on hidden state (a cache, a race, uninitialised memory)."""
     seed, inputs, ref_out = last
     try:
-        reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"])
+        reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"],
+                                  check_mutation=True)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "rerun on the same inputs: " + exc.message
@@ -304,7 +305,8 @@ def _widened_trial(setup: TrialSetup, seed: int, result: dict[str, Any], state: 
     if not finite or is_input(inputs, ref_out, atol, rtol):
         return None
     try:
-        reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"], widen=True)
+        reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"], widen=True,
+                                  check_mutation=True)
     except StageError as exc:
         if exc.status in ("runtime_error", "incorrect"):
             exc.message = "trial on inputs of both signs: " + exc.message

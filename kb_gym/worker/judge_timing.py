@@ -352,6 +352,7 @@ def retime(first: PairedTiming, timed_loop: Any, deadline: float, cpu: bool = Fa
     kept = again if (again.mismatch or smaller) else first
     kept.second_calibration, kept.retimed = first.second_calibration, True
     kept.seconds = first.seconds + again.seconds  # the stage's split counts both loops
+    kept.mutated = first.mutated or again.mutated
     return kept
 
 
@@ -392,6 +393,8 @@ def timing_verdict(timing: PairedTiming, cached: dict[str, Any] | None, result: 
                 result["flags"].append(flag)
     if result.get("custom_kernel_launches") and timing.cand.event_ms and timing.unlaunched:
         result["flags"].append("fallback")  # its own kernels in the trials, none in a timed call
+    if timing.mutated and "input_mutation" not in result["flags"]:
+        result["flags"].append("input_mutation")  # in a timed call, where the trials' copies do not reach
     floor = state.get("floor_ms")
     if floor and result.get("runtime_ms"):
         result["speed_of_light_fraction"] = floor / SOL_MARGIN / result["runtime_ms"]

@@ -157,6 +157,9 @@ class Runner:
         self.dataflow_writes: dict[str, Any] | None = None  # the first traced run's launches' writes (dataflow.py)
         self.dataflow_report: dict[str, Any] | None = None  # the last traced run's, sent with its "done"
         self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
+        # the last call's inputs and how they were made (seed, widen), until the next call: the judge asks after a
+        # timed call, once its outputs are the judge's, whether they still hold what the seed makes (``_inputs``)
+        self.last_inputs: tuple[int, bool, list[Any]] | None = None
         self.harness_outputs: Any = None  # a pristine spare's reference outputs for its harness-only calls
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
         self.launchers: list[dict[str, Any]] | None = None  # Triton launchers asked for (triton_launchers.py)
@@ -178,6 +181,8 @@ class Runner:
             self._burst(msg)
         elif kind == "burst_outputs":
             self._send_burst_outputs(msg)
+        elif kind == "inputs":
+            self._inputs()
         else:
             self.send({"type": "error", "status": "crash", "error": f"unknown command {kind!r}"})
 
@@ -248,6 +253,7 @@ class Runner:
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
+        self.last_inputs = None  # freed before this call's are made
         inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype, widen=bool(msg.get("widen")))
         if not reference and not self.forward_checked:
             self.forward_checked = True
@@ -271,6 +277,27 @@ class Runner:
         finally:
             if collecting:
                 gc.enable()
+        if timed and not reference:
+            self.last_inputs = (int(msg["seed"]), bool(msg.get("widen")), inputs)
+
+    def _inputs(self) -> None:
+        """Whether the last timed call's inputs still hold what their seed makes: made again and compared, after the
+        call's reply, outside its clock (a copy before the call would be inside the judge's envelope and the probe's
+        window). The trials compare with a copy (``check_mutation``); a forward can tell them from the timed calls by
+        their seeds (round 31), so the timed calls are checked too."""
+        kept, self.last_inputs = self.last_inputs, None
+        if kept is None:
+            self.send({"type": "inputs", "mutated": False, "kept": False})
+            return
+        seed, widen, inputs = kept
+        try:
+            again = make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen)
+            mutated = any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
+                          for a, b in zip(inputs, again, strict=True))
+        except Exception as exc:  # noqa: BLE001 - a candidate that swapped an input's type or storage
+            self.send({"type": "inputs", "mutated": True, "kept": True, "error": repr(exc)[:2000]})
+            return
+        self.send({"type": "inputs", "mutated": mutated, "kept": True})
 
     def _held_reference(self, *inputs: Any) -> Any:
         """The reference's outputs of the first harness call, returned again as they are: the call's window then

@@ -437,6 +437,18 @@ class RunnerProcess:
         outputs = tensors[0] if msg.get("structure") == "tensor" and len(tensors) == 1 else tuple(tensors)
         return self._reply(msg, envelope, outputs, window, cpu)
 
+    def inputs_mutated(self, timeout: float) -> bool:
+        """Whether the last timed call wrote to its inputs, as the runner finds by making them again from their seed
+        (runner.Runner._inputs); asked once the call's outputs are the judge's, outside every clock. The runner's
+        report, as the trials' ``mutated`` is: defence in depth."""
+        self._send({"type": "inputs"})
+        msg = self._read(timeout)
+        if msg.get("type") == "error":
+            raise StageError("runtime_error", str(msg.get("error", ""))[:20000], restart=bool(msg.get("sticky")))
+        if msg.get("type") != "inputs":
+            raise self._unexpected(msg, "inputs")
+        return bool(msg.get("mutated"))
+
     def burst(self, seeds: list[int], *, timeout: float, target: str = "candidate") -> BurstReply:
         """Forwards back to back, one per seed (runner.Runner._burst), under the judge's clock; the outputs stay
         in the runner, committed, until ``burst_outputs`` draws some."""

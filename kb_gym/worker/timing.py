@@ -112,6 +112,9 @@ class PairedTiming:
     # the candidate's timed calls (warm-up included) that launched none of its kernels: one launch in the warm-up
     # call, PyTorch after, kept ``fallback`` away while only the stage's total was asked for (round 12)
     unlaunched: int = 0
+    # a timed call (warm-up included) wrote to its inputs (RunnerProcess.inputs_mutated): the trials alone were told
+    # apart by their seeds (round 31)
+    mutated: bool = False
     # an excess over the tolerance was measured again (judge_timing.second_opinion), and the whole loop timed again,
     # the run with the smaller excess kept (judge_timing.retime)
     second_calibration: bool = False
@@ -391,6 +394,7 @@ def time_pair(base_fn: Callable[..., Any] | None, ref_model: Any, runner: Runner
                             widen=widen)
         timing.launches += reply.launches
         timing.unlaunched += reply.launches == 0
+        timing.mutated = runner.inputs_mutated(call_timeout()) or timing.mutated  # outside the call's clock
         if side is not None:
             side.event_ms.append(reply.event_ms if reply.event_ms is not None else reply.envelope_ms)
             side.envelope_ms.append(reply.envelope_ms)

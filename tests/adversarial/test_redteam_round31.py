@@ -4,13 +4,16 @@ outputs, the checks on timed calls' outputs (``worker/timed_checks.py``, whole a
 form (structure, dtype, shape, layout), and the runtime flags the trials raise (``correctness.note_reply``).
 
 Each test asserts what a sound judge does. Holes are ``xfail(strict=True)``; each failed its sound assertion on all 5
-runs of this file with ``--runxfail`` (and in the prototypes before them). Fixed in the same session (42), the xfail
-taken off: 2 (a timed call's float64 verdict adds ``unverifiable_output``), 3 (every output's form is held on either
-path, and outputs the float64 opinion does not judge are compared exactly: ``checks._same_form``) and 4 (each element
-within FLOAT64_FACTOR x the reference's largest error of the float64 answer, plus the tolerance:
-``checks._beyond_reference``), and 5 (the runner sends how its return value nests, held to the reference's in every
-trial: ``tensors.output_form``). Still open: 1 (the runner's report; the timed calls are told apart by design), 6 and 7
-(false negatives). Numbers are from this 2-core CPU
+runs of this file with ``--runxfail`` (and in the prototypes before them). Fixed since, the xfail taken off: in the
+same session (42) 2 (a timed call's float64 verdict adds ``unverifiable_output``), 3 (every output's form is held on
+either path, and outputs the float64 opinion does not judge are compared exactly: ``checks._same_form``), 4 (each
+element within FLOAT64_FACTOR x the reference's largest error of the float64 answer, plus the tolerance:
+``checks._beyond_reference``) and 5 (the runner sends how its return value nests, held to the reference's in every
+trial: ``tensors.output_form``); in session 44, 6 (drawn chunks get the float64 opinion: ``float64.judge_chunks``); in
+session 45, 1 (the determinism rerun and the widened trial compare with a copy too, and after each timed call, once
+its outputs are the judge's, the runner makes its inputs again from their seed and compares:
+``RunnerProcess.inputs_mutated``; the runner's report, as the trials' is: defence in depth). Still open: 7 (a false
+negative). Numbers are from this 2-core CPU
 (``Evaluator("cpu")``, Triton under the interpreter). One Evaluator serves the module.
 
 GOT THROUGH (holes):
@@ -167,9 +170,6 @@ def test_a_kernel_writing_over_its_input_is_flagged(ev):
     assert r.status == "correct" and "input_mutation" in r.flags and r.speed_credit is False, (r.status, r.flags)
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 hole: the runner checks inputs for mutation in the trials only "
-                                       "(check_mutation), so writing over them from the rerun (or any non-trial seed) "
-                                       "on keeps input_mutation away and the speed credit")
 @pytest.mark.parametrize("detector", sorted(MUTATES_AFTER_THE_TRIALS))
 def test_writing_over_the_input_after_the_trials_is_flagged_too(ev, detector):
     r = ev.evaluate(SCALE, MUTATES_AFTER_THE_TRIALS[detector], config=TIMED)
