@@ -122,3 +122,25 @@ def test_the_zeros_trivial_output_takes_no_memory_and_is_judged_as_zeros():
         assert (view_says.ok, view_says.degenerate, view_says.unverifiable) == (
             full_says.ok, full_says.degenerate, full_says.unverifiable)
     assert compare_outputs(near_zero, near_zero, *TOL, trivial=[zeros]).degenerate  # zeros pass here: still seen
+
+
+def test_drawn_chunks_of_a_degenerate_output_are_held_against_the_zeros_view():
+    """A timed call's drawn chunks on a degenerate problem (zeros pass the tolerance) are held against the same
+    chunks of the zeros, sliced from the stride-0 view without making the whole tensor: the honest values pass, zeros
+    in their place do not."""
+    from kb_gym.worker.spot_check import SampledOutputs
+    from kb_gym.worker.timed_checks import check_chunks
+
+    x = torch.randn(256, 1024)
+    ref = 1e-6 * x  # within atol of zeros everywhere: a degenerate output
+    flat = ref.reshape(-1)
+    meta = [{"shape": list(ref.shape), "dtype": "float32", "nbytes": ref.numel() * 4}]
+    places = [(0, first) for first in (0, 4096, 100_000, 200_000)]
+
+    def sample(values_of):
+        return SampledOutputs(meta, [(k, first, values_of(first)) for k, first in places])
+
+    honest = sample(lambda first: flat[first:first + 1024].clone())
+    zeros = sample(lambda first: torch.zeros(1024))
+    assert check_chunks(honest, ref, *TOL, [x], []) is None
+    assert "relative L2 error" in (check_chunks(zeros, ref, *TOL, [x], []) or "")
