@@ -411,6 +411,7 @@ class Runner:
         times reported here are believed only from a pristine runner calibrating the burst on the reference."""
         model = self.ref_model if msg.get("target") == "reference" else self.model
         self.burst_held = []
+        self.last_inputs = None  # a timed call's, kept for the judge's question: freed before the burst makes its own
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
