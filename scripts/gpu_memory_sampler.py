@@ -19,8 +19,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROLES = (("kb_gym.worker.runner", "runner"), ("kb_gym.worker.probe_clock", "probe"), ("kb_gym.worker.pch", "pch"),
-         ("kb_gym.worker", "judge"), ("kb_gym.cli", "evaluator"))
+# runners forked from a zygote keep its command line (the zygote itself holds no GPU context)
+ROLES = (("kb_gym.worker.runner", "runner"), ("kb_gym.worker.zygote", "runner"), ("kb_gym.worker.probe_clock", "probe"),
+         ("kb_gym.worker.pch", "pch"), ("kb_gym.worker", "judge"), ("kb_gym.cli", "evaluator"))
 
 
 def role(pid: int) -> str:

@@ -192,7 +192,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
         if previous or previous_sampled:
             pairs += 1
             coincident_pairs += coincide
-        earlier = last = None
+        earlier = None
         spent["judge"] += time.perf_counter() - t3
         if failed_trial is not None:
             report["failed_trial"] = failed_trial

@@ -128,6 +128,12 @@ def _scratch_env(scratch: Path) -> None:
     tempfile.tempdir = os.environ["TMPDIR"]
 
 
+def _changed(inputs: list[Any], pristine: list[Any]) -> bool:
+    """Whether a forward wrote to its tensor inputs: ``pristine`` holds what they held before (a copy, or the same
+    inputs made again from their seed)."""
+    return any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
+
+
 class Runner:
     """The commands a runner answers: ping, load, call, timed."""
 
@@ -157,8 +163,8 @@ class Runner:
         self.dataflow_writes: dict[str, Any] | None = None  # the first traced run's launches' writes (dataflow.py)
         self.dataflow_report: dict[str, Any] | None = None  # the last traced run's, sent with its "done"
         self.burst_held: list[list[Any]] = []  # a burst's outputs, until the judge has drawn the ones it checks
-        # the last call's inputs and how they were made (seed, widen), until the next call: the judge asks after a
-        # timed call, once its outputs are the judge's, whether they still hold what the seed makes (``_inputs``)
+        # the last timed call's inputs and how they were made (seed, widen), until the next call: the judge asks, once
+        # the call's outputs are the judge's, whether they still hold what the seed makes (``_inputs``)
         self.last_inputs: tuple[int, bool, list[Any]] | None = None
         self.harness_outputs: Any = None  # a pristine spare's reference outputs for its harness-only calls
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
@@ -287,17 +293,14 @@ class Runner:
         their seeds (round 31), so the timed calls are checked too."""
         kept, self.last_inputs = self.last_inputs, None
         if kept is None:
-            self.send({"type": "inputs", "mutated": False, "kept": False})
+            self.send({"type": "inputs", "mutated": False})
             return
         seed, widen, inputs = kept
         try:
-            again = make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen)
-            mutated = any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
-                          for a, b in zip(inputs, again, strict=True))
-        except Exception as exc:  # noqa: BLE001 - a candidate that swapped an input's type or storage
-            self.send({"type": "inputs", "mutated": True, "kept": True, "error": repr(exc)[:2000]})
-            return
-        self.send({"type": "inputs", "mutated": mutated, "kept": True})
+            mutated = _changed(inputs, make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen))
+        except Exception:  # noqa: BLE001 - a candidate that swapped an input's type or storage
+            mutated = True
+        self.send({"type": "inputs", "mutated": mutated})
 
     def _held_reference(self, *inputs: Any) -> Any:
         """The reference's outputs of the first harness call, returned again as they are: the call's window then
@@ -350,8 +353,7 @@ class Runner:
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
             self._send_exception(exc)
             return
-        mutated = pristine is not None and any(
-            isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
+        mutated = pristine is not None and _changed(inputs, pristine)
         done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "form": form,
                 "outputs": meta,
                 "commitment": digest, "launches": launches, "backends": backends,
