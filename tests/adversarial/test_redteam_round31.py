@@ -78,6 +78,13 @@ FALSE NEGATIVES (honest candidates judged wrong):
    numpy's float32 cumsum computes exactly that) is 0.7-1.6e-5 from the reference, 6-14x inside rtol, and
    ``incorrect`` ("trial 2/5: relative L2 error 1.46e-05 exceeds 6.45e-06"; 5 of 5, the bound 4.8-8.3e-6); the
    reference and a float64-accumulating control are ``correct``. A sound judge says at most ``unverifiable_output``.
+   ACCEPTED (session 46, the xfail kept with this reason): a band was tried where the answer that sets the bound is
+   within rtol of this one, passing a miss there as unverifiable if the candidate's error stayed within 4x its own in
+   the trials. The naive mean then passed, but so did a hard-coded typical answer on official-like problems whose
+   mean moves ~3e-5 between inputs (``test_runtime_checks``: ``incorrect`` before, ``correct`` and unverifiable with
+   the band, which the rewards pay as correct): a constant answer is as far from each trial's answer (~0.7-1x the
+   answers' distance) as this kernel's rounding, in every statistic of 8 outputs. A GPU kernel sums in a tree (error
+   ~1e-7 here); the judge keeps failing the serial fp32 sum rather than pay a constant answer.
 
 HELD (plain tests): the same kernel in place from the first call (``input_mutation``, no credit) and zeros from the
 first call (``unverifiable_output``) are flagged; the bit-exact reference copy on level2/23 is not unverifiable; +inf
@@ -510,12 +517,52 @@ def test_the_tall_mean_problem_is_degenerate_and_judges_exact_answers_correct(ev
     assert r.status == "correct" and "degenerate_problem" in r.flags, (r.status, r.flags, r.error)
 
 
-@pytest.mark.xfail(strict=True, reason="round 31 false negative: the degenerate bound (0.3x another answer's distance, "
-                                       "down to 3e-6) is tighter than a naive fp32 reduction's rounding, and the "
-                                       "float64 opinion cannot lift it")
+@pytest.mark.xfail(strict=True, reason="accepted: the degenerate bound (0.3x another answer's distance, down to 3e-6) is "
+                                       "tighter than a serial fp32 reduction's rounding; a band that passed it passed a "
+                                       "hard-coded typical answer too (the docstring's item 7)")
 def test_a_naive_fp32_column_mean_well_inside_rtol_is_not_incorrect(ev):
     r = ev.evaluate(TALL_MEAN, NAIVE_COLUMN_MEAN, config=CHECK.replace(trials=5))  # 4 pairs of trials
     assert r.status == "correct", (r.status, r.error)
+
+
+# An answer made once from its own draw, whatever the inputs: as far from each trial's answer as another input's.
+FIXED_COLUMN_MEAN = HEAD + '''
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(12345)
+        self.register_buffer("answer", (1.0 + 0.018 * torch.randn(1 << 20, 8, generator=g)).mean(dim=0))
+
+    def forward(self, x):
+        return self.answer.to(x.device).clone()
+'''
+
+
+# Exact while the trials run, then the determinism rerun's answer in every later call (round 13's move on this problem).
+EXACT_THEN_KEPT = HEAD + '''
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if getattr(self, "stale", False):
+            return self.kept.clone()
+        if getattr(self, "last", None) is not None and torch.equal(x, self.last):
+            self.stale = True  # the determinism rerun: the trials are over
+        self.last = x.clone()
+        self.kept = x.mean(dim=0)
+        return self.kept.clone()
+'''
+
+
+def test_an_exact_kernel_that_keeps_an_answer_after_the_trials_is_still_caught(ev):
+    r = ev.evaluate(TALL_MEAN, EXACT_THEN_KEPT, config=TIMED_OFF.replace(trials=3))
+    assert r.status == "incorrect" and "timing_mismatch" in r.flags, (r.status, r.flags, r.error)
+
+
+def test_an_answer_made_without_the_inputs_is_incorrect_on_the_tall_mean(ev):
+    """Why the serial sum above stays failed: a constant answer is as far from each trial's answer as its rounding."""
+    r = ev.evaluate(TALL_MEAN, FIXED_COLUMN_MEAN, config=CHECK.replace(trials=5))
+    assert r.status == "incorrect" and "relative L2 error" in r.error, (r.status, r.flags, r.error)
 
 
 # --- held: NaN and Inf, form and layout ----------------------------------------------------------------------------------
