@@ -188,3 +188,81 @@ def test_drawn_chunks_get_the_float64_opinion_with_one_allowance_per_output():
                                    result, {})
     assert not verdict.ok and "against a float64 computation" in verdict.reason, verdict.reason
     assert result["correctness"]["judged_against_float64"] == 1
+
+
+class RowSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(1)
+
+
+def _variants(x: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Honest orders of a cancelling row sum, and answers moved on a few rows by multiples of the reference's own
+    largest error: both sides of the per-element and whole-output bounds."""
+    worst = float((ref.double() - exact.double()).abs().max())
+    out = {"sequential": x.cumsum(1)[:, -1], "reversed": x.flip(1).cumsum(1)[:, -1],
+           "tiles_of_16": x.view(x.shape[0], -1, 16).sum(2).sum(1), "float64": exact.clone()}
+    for k in (0.5, 2.0, 4.0, 60.0):
+        for rows in (1, 5, 40):
+            moved = exact.clone()
+            moved[:rows] += k * worst
+            out[f"{rows}_rows_by_{k}x"] = moved
+    return out
+
+
+def test_a_pass_on_this_inputs_rounding_alone_is_a_pass_of_the_sampled_opinion(monkeypatch):
+    """The check on this input's rounding (no nearby inputs run) passes only what the sampled opinion passes, and
+    passes every honest order of the cancelling row sums: there it saves six forwards a narrow miss."""
+    model = RowSum()
+    quick = sampled = disagree = 0
+    for seed in range(4):
+        x = 1000 * torch.randn(4096, 64, generator=torch.Generator().manual_seed(seed))
+        ref = model(x)
+        exact = x.double().sum(1).float()
+        for name, cand in _variants(x, ref, exact).items():
+            fast = {"flags": []}
+            verdict = float64.judge(torch.device("cpu"), model, [x], cand, ref, 1e-4, 1e-4, fast, {})
+            if "judged_against_float64" not in fast.get("correctness", {}):
+                continue  # not a narrow miss, or the reference exact here: no opinion either way
+            with monkeypatch.context() as m:
+                m.setattr(float64, "_this_input_only", lambda *a, **k: None)
+                full = {"flags": []}
+                again = float64.judge(torch.device("cpu"), model, [x], cand, ref, 1e-4, 1e-4, full, {})
+            assert full["correctness"].get("float64_sampled") == 1 and "float64_quick" not in full["correctness"]
+            quick += fast["correctness"].get("float64_quick", 0)
+            sampled += fast["correctness"].get("float64_sampled", 0)
+            disagree += verdict.ok != again.ok
+            if fast["correctness"].get("float64_quick"):
+                assert verdict.ok and again.ok, (seed, name)
+            if name in ("sequential", "reversed", "tiles_of_16", "float64"):
+                assert verdict.ok, (seed, name, verdict.reason)
+    assert disagree == 0
+    assert quick >= 8 and sampled >= 4, (quick, sampled)  # both paths were taken
+
+
+def test_the_quick_pass_is_not_taken_beside_trivial_outputs():
+    """In the trials, zeros, the inputs and other answers are held to the same test (``unverifiable``), which the
+    samples loosen: there the sampled opinion always runs."""
+    model = RowSum()
+    x = 1000 * torch.randn(4096, 64, generator=torch.Generator().manual_seed(1))
+    ref = model(x)
+    cand = x.flip(1).cumsum(1)[:, -1]
+    result = {"flags": []}
+    verdict = float64.judge(torch.device("cpu"), model, [x], cand, ref, 1e-4, 1e-4, result, {},
+                            [torch.zeros_like(ref)])
+    assert verdict.ok and result["correctness"].get("float64_sampled") == 1
+    assert "float64_quick" not in result["correctness"]
+
+
+def test_drawn_chunks_take_the_quick_pass_too():
+    model = RowSum()
+    quick = 0
+    for seed in range(8):
+        x = 1000 * torch.randn(4096, 64, generator=torch.Generator().manual_seed(seed))
+        ref = model(x)
+        result = {"flags": []}
+        honest = x.flip(1).cumsum(1)[:, -1]
+        verdict = float64.judge_chunks(torch.device("cpu"), model, [x], ref, _drawn(honest, [0, 2048], 2048), 1e-4,
+                                       1e-4, result, {})
+        assert verdict.ok, (seed, verdict.reason)
+        quick += result.get("correctness", {}).get("float64_quick", 0)
+    assert quick, "no drawn chunks missed narrowly"
