@@ -131,7 +131,19 @@ def _scratch_env(scratch: Path) -> None:
 def _changed(inputs: list[Any], pristine: list[Any]) -> bool:
     """Whether a forward wrote to its tensor inputs: ``pristine`` holds what they held before (a copy, or the same
     inputs made again from their seed)."""
-    return any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, pristine, strict=True))
+    return any(isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(inputs, pristine, strict=True))
+
+
+def _same(a: torch.Tensor, b: Any) -> bool:
+    """Equal values, NaN where NaN was (``torch.equal`` calls a NaN unequal to itself: every honest call on inputs that
+    hold one read as a write to them, round 36)."""
+    if torch.equal(a, b):
+        return True
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return False
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all().item())
 
 
 class Runner:
@@ -166,6 +178,11 @@ class Runner:
         # the last timed call's inputs and how they were made (seed, widen), until the next call: the judge asks, once
         # the call's outputs are the judge's, whether they still hold what the seed makes (``_inputs``)
         self.last_inputs: tuple[int, bool, list[Any]] | None = None
+        # ... and its outputs, held with the garbage collector off until then: candidate code runs when the last
+        # reference to an object it made goes (a generator's ``finally`` parked on its output), and it put its inputs
+        # back there, between "done" and the question (round 36)
+        self.last_outputs: list[Any] | None = None
+        self.collect_after = False  # the collector was on before that call: on again once they go
         self.harness_outputs: Any = None  # a pristine spare's reference outputs for its harness-only calls
         self.pch: dict[str, list[str]] | None = None  # the PCH variants the candidate's builds used and wanted
         self.launchers: list[dict[str, Any]] | None = None  # Triton launchers asked for (triton_launchers.py)
@@ -173,6 +190,8 @@ class Runner:
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
+        if kind not in ("inputs", "chunks"):  # the judge asks of the last timed call's inputs no more
+            self._release_call()
         if kind == "ping":
             self.send({"type": "pong"})
         elif kind == "prepare":
@@ -259,7 +278,6 @@ class Runner:
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
-        self.last_inputs = None  # freed before this call's are made
         inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype, widen=bool(msg.get("widen")))
         if not reference and not self.forward_checked:
             self.forward_checked = True
@@ -278,13 +296,24 @@ class Runner:
         collecting = gc.isenabled()
         if timed:
             gc.disable()
+        held = None
         try:
-            self._respond(msg, model, inputs, pristine, timed)
+            held = self._respond(msg, model, inputs, pristine, timed)
         finally:
-            if collecting:
+            kept = timed and not reference and held is not None
+            if collecting and not kept:
                 gc.enable()
-        if timed and not reference:
+        if kept:
             self.last_inputs = (int(msg["seed"]), bool(msg.get("widen")), inputs)
+            self.last_outputs, self.collect_after = held, collecting
+
+    def _release_call(self) -> None:
+        """The last timed call's inputs and outputs let go (a finaliser of the candidate's may run now), the collector
+        on again if it was before that call."""
+        self.last_inputs = self.last_outputs = None
+        if self.collect_after:
+            self.collect_after = False
+            gc.enable()
 
     def _inputs(self) -> None:
         """Whether the last timed call's inputs still hold what their seed makes: made again and compared, after the
@@ -294,13 +323,16 @@ class Runner:
         kept, self.last_inputs = self.last_inputs, None
         if kept is None:
             self.send({"type": "inputs", "mutated": False})
+            self._release_call()
             return
         seed, widen, inputs = kept
         try:
             mutated = _changed(inputs, make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen))
         except Exception:  # noqa: BLE001 - a candidate that swapped an input's type or storage
             mutated = True
+        del inputs, kept
         self.send({"type": "inputs", "mutated": mutated})
+        self._release_call()
 
     def _held_reference(self, *inputs: Any) -> Any:
         """The reference's outputs of the first harness call, returned again as they are: the call's window then
@@ -310,11 +342,13 @@ class Runner:
                 self.harness_outputs = self.ref_model(*inputs)
         return self.harness_outputs
 
-    def _respond(self, msg: dict[str, Any], model: Any, inputs: list[Any], pristine: Any, timed: bool) -> None:
-        """The call itself and its "done". On a timed call the garbage collector waits until "done" is sent: a
-        collection of the forward's garbage right after it (the Triton interpreter leaves much) fell outside the
-        reported time and inside the judge's envelope (CPU: the honest excess of a Triton ReLU 1.9-3.1 ms
-        against the 2 ms floor, flagged side_stream; 1.4-1.95 ms without it)."""
+    def _respond(self, msg: dict[str, Any], model: Any, inputs: list[Any], pristine: Any,
+                 timed: bool) -> list[Any] | None:
+        """The call itself and its "done"; what the forward returned (in a list), or None where an error was sent. On a
+        timed call the garbage collector waits until "done" is sent: a collection of the forward's garbage right after
+        it (the Triton interpreter leaves much) fell outside the reported time and inside the judge's envelope (CPU:
+        the honest excess of a Triton ReLU 1.9-3.1 ms against the 2 ms floor, flagged side_stream; 1.4-1.95 ms
+        without it)."""
         try:
             shield_ms = None
             if timed and msg.get("probe") and self.device.type == "cuda":
@@ -347,12 +381,12 @@ class Runner:
         except (TypeError, ValueError) as exc:
             if "forward returned" in str(exc):
                 self.send({"type": "error", "status": "incorrect", "error": str(exc)})
-                return
+                return None
             self._send_exception(exc)
-            return
+            return None
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from a candidate too
             self._send_exception(exc)
-            return
+            return None
         mutated = pristine is not None and _changed(inputs, pristine)
         done = {"type": "done", "event_ms": event_ms, "host_ms": host_ms, "structure": structure, "form": form,
                 "outputs": meta,
@@ -368,6 +402,7 @@ class Runner:
             self.send({**done, "chunk_hashes": hashes, "chunk_bytes": chunk_bytes, "payload_bytes": 0})
         else:
             self.send_tensors(done, flat)
+        return [out]
 
     def _traced(self, model: Any, spec: dict[str, Any]) -> Callable[..., Any]:
         """``model`` run under the dataflow trace (dataflow.py): phase 1 keeps what its launches wrote, phase 2
@@ -413,7 +448,6 @@ class Runner:
         times reported here are believed only from a pristine runner calibrating the burst on the reference."""
         model = self.ref_model if msg.get("target") == "reference" else self.model
         self.burst_held = []
-        self.last_inputs = None  # a timed call's, kept for the judge's question: freed before the burst makes its own
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
