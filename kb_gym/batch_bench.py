@@ -313,6 +313,8 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "worker_pid": r.worker.get("pid"), "runner_startup": r.worker.get("runner_startup_phases") or {},
             # where the correctness stage and the outputs' crossings went (correctness.run_trials, runner_client)
             "correctness_seconds": (r.correctness or {}).get("seconds") or {},
+            # the judge's device memory by stage, MiB: [held, reserved, most held during it] (job._memory_mark)
+            "judge_memory_mib": (r.correctness or {}).get("judge_memory_mib") or {},
             "payload_seconds": r.worker.get("payload_seconds") or {}, "flags": list(r.flags),
             "shm_payloads": r.worker.get("shm_payloads"), "device_payloads": r.worker.get("device_payloads"),
             "probe": ((r.correctness or {}).get("envelope") or {}).get("probe"),

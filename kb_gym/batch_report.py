@@ -54,6 +54,17 @@ HELD_STAGES = {"correctness": ("correctness",), "timing": ("timing",), "kernel c
                "teardown": ("teardown",)}
 
 
+def judge_memory_peaks(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Per stage, the most device memory a judge held in it over the batch and the problem it was judging
+    (job._memory_mark's third figure)."""
+    peaks: dict[str, list[Any]] = {}
+    for r in rows:
+        for stage, marks in (r.get("judge_memory_mib") or {}).items():
+            if stage not in peaks or marks[2] > peaks[stage][0]:
+                peaks[stage] = [marks[2], r["problem"]]
+    return peaks
+
+
 def held_split(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     """Where the batch's device-held seconds went, summed over its rows; ``rest``: held but in none of them (the
     grant's message, the result's). None where no row held a device (one worker, no host lock: a CPU batch)."""
@@ -113,6 +124,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         correctness_total_s=_sums([r.get("correctness_seconds") or {} for r in rows]),
         # each memfd payload's parts, summed over the batch (runner_client: runner copy, judge map, copy out)
         payload_total_s=_sums([{k: sum(v) for k, v in (r.get("payload_seconds") or {}).items()} for r in rows]),
+        judge_memory_peak_mib=judge_memory_peaks(rows),
         statuses={kind: sorted(r["status"] for r in rows if r["kind"] == kind) for kind in KINDS},
         # jobs run with the device to themselves (device_turns): after running out of memory beside another job,
         # or as a later job of such a problem; and the other workers stopped for them
@@ -194,6 +206,8 @@ def format_batch(report: dict[str, Any]) -> str:
                                                           report.get("correctness_total_s", {}).items()) or "-"),
              "memfd payloads, summed (s): " + (", ".join(f"{k} {v:.1f}" for k, v in
                                                        report.get("payload_total_s", {}).items()) or "-"),
+             "judge's device memory, most held in a stage (MiB, the problem): " + (", ".join(
+                 f"{k} {v[0]} ({v[1]})" for k, v in (report.get("judge_memory_peak_mib") or {}).items()) or "-"),
              "out of device memory beside another job, run again alone: {retried_alone}; jobs alone: {alone}; "
              "workers stopped for them: {evicted}".format(**report.get("turns", {"alone": "-", "retried_alone": "-",
                                                                                    "evicted": "-"})),

@@ -160,3 +160,17 @@ def test_the_report_counts_the_jobs_run_alone_after_running_out_of_memory():
                         "gpu_busy": None})
     assert report["turns"] == {"alone": 2, "retried_alone": 1, "evicted": 2}
     assert "run again alone: 1; jobs alone: 2; workers stopped for them: 2" in format_batch(report)
+
+
+def test_the_report_names_the_judges_largest_memory_per_stage_and_its_problem():
+    def row(problem, **marks):
+        return {"problem": problem, "kind": "reference", "status": "correct", "total_s": 1.0, "build_cached": False,
+                "stages": {}, "judge_memory_mib": marks}
+
+    rows = [row("level1/19_ReLU", correctness=[0, 22000, 22300], timing=[0, 45000, 44900]),
+            row("level1/23_Softmax", correctness=[0, 30000, 29000], timing=[0, 9000, 8000]), row("cpu_problem")]
+    report = summarize({"rows": rows, "wall_s": 4.0, "devices": ["cuda:0"], "problems": 3, "size": "gpu",
+                        "gpu_busy": None})
+    assert report["judge_memory_peak_mib"] == {"correctness": [29000, "level1/23_Softmax"],
+                                               "timing": [44900, "level1/19_ReLU"]}
+    assert "timing 44900 (level1/19_ReLU)" in format_batch(report)

@@ -390,6 +390,19 @@ def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:
     ctx.send({"type": "stage", "stage": name})
 
 
+def _memory_mark(device: torch.device, result: dict[str, Any], stage: str) -> None:
+    """The judge's own device memory at the end of ``stage`` (MiB): held by tensors, reserved by the caching
+    allocator, and the most held since the last mark; what a GPU-size problem's judge needs, stage by stage
+    (benchmarks.md 1m: one judge reached 49.5 GB for 6.4 GB outputs)."""
+    if device.type != "cuda":
+        return
+    mib = 1 << 20
+    marks = result.setdefault("correctness", {}).setdefault("judge_memory_mib", {})
+    marks[stage] = [torch.cuda.memory_allocated(device) // mib, torch.cuda.memory_reserved(device) // mib,
+                    torch.cuda.max_memory_allocated(device) // mib]
+    torch.cuda.reset_peak_memory_stats(device)
+
+
 def _deadline(cfg: dict[str, Any], stage: str) -> float:
     limit = float(cfg.get(f"{stage}_timeout", 300.0))
     return time.monotonic() + max(1.0, limit - STAGE_MARGIN)
@@ -495,6 +508,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     shared = locked and has_candidate and bool(job.get("share_device"))
     if locked:
         ctx.acquire_device(exclusive=not shared)
+    _memory_mark(device, result, "load")
 
     # --- correctness: fresh secret-seeded inputs per trial ----------------------------------------
     if has_candidate:
@@ -512,6 +526,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             if state.get("ref_out_bytes"):  # for the evaluator's next jobs of this problem (payload_hint)
                 result.setdefault("correctness", {})["output_bytes"] = int(state["ref_out_bytes"])
         stages["correctness"] = time.perf_counter() - t0
+        _memory_mark(device, result, "correctness")
         if result.get("status") == "incorrect":
             return
     else:
@@ -548,6 +563,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         measuring.end()
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
+        _memory_mark(device, result, "timing")
     if shared and state.get("after_exit") is None:  # a reading after the exit is a measurement: still exclusive
         ctx.acquire_device(exclusive=False)
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
