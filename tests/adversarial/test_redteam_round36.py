@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import re
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -106,6 +105,7 @@ from device import DEVICE
 from test_redteam_round12 import SCALE  # x * 2 + 1 on 64 x 256
 from test_redteam_round31 import TIMED
 from test_redteam_round33 import MIXED_ROW_SUM, WRONG_SMALL_ROWS
+from test_redteam_round35 import _module
 
 from kb_gym import EvalConfig, Evaluator, Problem, get_problem, load_problems
 from kb_gym.integrity import static_findings
@@ -125,12 +125,6 @@ TRITON_HEAD = HEAD + "import triton\nimport triton.language as tl\n"
 def ev():
     with Evaluator(DEVICE, results_path=False, baseline_cache=False) as e:
         yield e
-
-
-def _module(code: str, name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    exec(code, module.__dict__)  # our own problem's (or candidate's) code, as the judge loads it
-    return module
 
 
 # --- 1. the input written over in the call and put back after "done" -------------------------------------------------
