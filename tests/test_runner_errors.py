@@ -24,3 +24,46 @@ def test_other_errors_are_not_out_of_memory():
     # NVML failing elsewhere (a peer-access check) is not an allocation that failed
     assert not out_of_device_memory(RuntimeError(MASKED_OOM.replace("CUDACachingAllocator", "PeerToPeerAccess")))
     assert not out_of_device_memory(ValueError(MASKED_OOM))
+
+
+def _asking_runner(monkeypatch, failures: list[BaseException]):
+    """A runner's ``_inputs`` alone, on a CUDA device as far as it can tell, whose remaking of the inputs raises
+    ``failures`` first; what it replies is collected."""
+    import types
+
+    from kb_gym.worker import runner
+
+    made = []
+
+    def make_inputs(ref_mod, seed, device, dtype, widen=False):
+        if failures:
+            raise failures.pop(0)
+        made.append(seed)
+        return [torch.ones(4)]
+
+    monkeypatch.setattr(runner, "make_inputs", make_inputs)
+    freed = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(True))
+    replies = []
+    r = object.__new__(runner.Runner)
+    r.device, r.ref_mod, r.dtype = types.SimpleNamespace(type="cuda"), None, torch.float32
+    r.send = replies.append
+    r.last_inputs, r.last_outputs, r.collect_after = (7, False, [torch.ones(4)]), [torch.zeros(4)], False
+    return r, replies, freed
+
+
+def test_the_timed_inputs_made_again_out_of_memory_are_tried_once_more_with_the_cache_given_back(monkeypatch):
+    """The call's outputs stay held until the reply (round 36), so the inputs made again can miss the device's memory:
+    once more after ``empty_cache``, not a write to the inputs for want of memory."""
+    r, replies, freed = _asking_runner(monkeypatch, [torch.OutOfMemoryError("CUDA out of memory")])
+    r._inputs()
+    assert replies == [{"type": "inputs", "mutated": False}] and freed == [True]
+    assert r.last_outputs is None and r.last_inputs is None  # let go once answered
+
+    r, replies, freed = _asking_runner(monkeypatch, [torch.OutOfMemoryError("CUDA out of memory")] * 2)
+    r._inputs()
+    assert replies == [{"type": "inputs", "mutated": True}] and freed == [True]  # twice: counted as changed
+
+    r, replies, freed = _asking_runner(monkeypatch, [TypeError("an input swapped for a list")])
+    r._inputs()
+    assert replies == [{"type": "inputs", "mutated": True}] and freed == []

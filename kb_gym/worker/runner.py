@@ -326,10 +326,19 @@ class Runner:
             self._release_call()
             return
         seed, widen, inputs = kept
-        try:
-            mutated = _changed(inputs, make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen))
-        except Exception:  # noqa: BLE001 - a candidate that swapped an input's type or storage
-            mutated = True
+        mutated = True  # a candidate that swapped an input's type or storage fails the comparison
+        for attempt in range(2):
+            try:
+                mutated = _changed(inputs, make_inputs(self.ref_mod, seed, self.device, self.dtype, widen=widen))
+                break
+            except Exception as exc:  # noqa: BLE001
+                again = not attempt and self.device.type == "cuda" and out_of_device_memory(exc)
+            if not again:
+                break
+            # the call's outputs are still held (above): where the inputs made again did not fit beside them, once
+            # more with the allocator's free blocks given back (outside the handler, whose traceback holds the partly
+            # made inputs); out of memory twice, the inputs count as changed, as any failure here does
+            torch.cuda.empty_cache()
         del inputs, kept
         self.send({"type": "inputs", "mutated": mutated})
         self._release_call()
