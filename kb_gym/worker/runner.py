@@ -340,8 +340,12 @@ class Runner:
             # made inputs); out of memory twice, the inputs count as changed, as any failure here does
             torch.cuda.empty_cache()
         del inputs, kept
-        self.send({"type": "inputs", "mutated": mutated})
         self._release_call()
+        # the call's young garbage collected here, outside every clock, as the inputs' remaking used to start it while
+        # the collector was on: left to the next call's own allocations, it fell inside that call's CPU-clock window
+        # (an honest copy on round 25's widened ReLU: charged under a whole suite's load)
+        gc.collect(0)
+        self.send({"type": "inputs", "mutated": mutated})
 
     def _held_reference(self, *inputs: Any) -> Any:
         """The reference's outputs of the first harness call, returned again as they are: the call's window then
