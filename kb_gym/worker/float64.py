@@ -69,11 +69,11 @@ def judge_chunks(device: torch.device, ref_model: Any, inputs: list[Any], ref_ou
     ref_drawn = [joined(refs[k], k) for k in drawn]
 
     def quick(exact: list[torch.Tensor], _: ReferenceErrors | None) -> Comparison | None:
-        # as the sampled path below: the reference's errors measured on the drawn pieces, not the whole outputs
-        whole = {k: spread_of(refs[k], exact[k]) for k in drawn}
-        return _this_input_only(cand, ref_drawn, [joined(exact[k], k) for k in drawn], atol, rtol, None,
-                                [None if whole[k] is None else whole[k].piece(joined(whole[k].scale, k))
-                                 for k in drawn])
+        # as the sampled path below: the reference's errors measured on the drawn pieces, not the whole outputs; the
+        # pieces' own scales (their worst at most the whole output's) are no looser than the samples' sliced
+        pieces = [joined(exact[k], k) for k in drawn]
+        return _this_input_only(cand, ref_drawn, pieces, atol, rtol, None,
+                                [spread_of(r, e) for r, e in zip(ref_drawn, pieces, strict=True)])
 
     opinion = _opinion(device, ref_model, inputs, ref_out, atol, rtol, result, state, quick)
     if opinion is None:
@@ -125,7 +125,7 @@ def spread_of(r: torch.Tensor, e: torch.Tensor) -> RoundingSpread | None:
     if not r.is_floating_point():
         return None
     scale = _Sampled(r, e.device)
-    scale.add(r, e, 0.0, 0.0)
+    scale.widen(r, e)
     return RoundingSpread(scale.scale, float(scale.scale.max().item()) if scale.scale.numel() else 0.0, 0.0, 0.0)
 
 
@@ -265,6 +265,14 @@ class _Sampled:
         self.samples = 0
 
     def add(self, low: torch.Tensor, high: torch.Tensor, atol: float, rtol: float) -> None:
+        self.widen(low, high)
+        frac, l2 = error_stats(low, high, atol / FLOAT64_FACTOR, rtol / FLOAT64_FACTOR)  # one pass gives both
+        self.near += frac * low.numel()
+        self.l2 += l2
+        self.samples += 1
+
+    def widen(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        """Each element's scale raised to this sample's distance there (non-finite distances teach nothing)."""
         fl, fh = low.detach().reshape(-1), high.detach().reshape(-1)
         for lo in range(0, fl.numel(), CHUNK):
             part = self.scale[lo:lo + CHUNK]
@@ -272,10 +280,6 @@ class _Sampled:
                                                                                           torch.float64)).abs()
             diff = torch.where(torch.isfinite(diff), diff, 0.0)  # where both are infinite, no scale to learn
             torch.maximum(part, diff.float(), out=part)
-        frac, l2 = error_stats(low, high, atol / FLOAT64_FACTOR, rtol / FLOAT64_FACTOR)  # one pass gives both
-        self.near += frac * fl.numel()
-        self.l2 += l2
-        self.samples += 1
 
     def spread(self) -> RoundingSpread:
         return RoundingSpread(self.scale, float(self.scale.max().item()) if self.scale.numel() else 0.0,
