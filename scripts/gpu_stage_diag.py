@@ -40,4 +40,6 @@ with Evaluator("cuda:0", results_path=False) as ev:
                   f"runtime {r.runtime_ms} ref {r.ref_runtime_ms} flags {r.flags}\n  stages {json.dumps(stages)}\n"
                   f"  worker {json.dumps(worker, default=str)}\n  timing {json.dumps(timing, default=str)}\n"
                   f"  correctness seconds {json.dumps(r.correctness.get('seconds'))}\n"
-                  f"  envelope {json.dumps(r.correctness.get('envelope'), default=str)[:400]}", flush=True)
+                  f"  envelope {json.dumps(r.correctness.get('envelope'), default=str)[:400]}\n"
+                  f"  judge memory MiB [held, reserved, most held] {json.dumps(r.correctness.get('judge_memory_mib'))}",
+                  flush=True)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kb_gym.file_tree import remove_tree
-from kb_gym.worker import build_cache, neighbours, pch, triton_cache, triton_launchers
+from kb_gym.worker import build_cache, memory_history, neighbours, pch, triton_cache, triton_launchers
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
@@ -223,6 +223,7 @@ def warm_up(ctx: WorkerContext, config: dict[str, Any]) -> None:
     source = _WARM_UP_PROBLEM.replace("class Model(", "class ModelNew(") if ctx.pool is not None else None
     job = {"job_id": 0, "problem_code": _WARM_UP_PROBLEM, "problem_key": "warm_up", "source": source, "seed": 0,
            "config": {**config, "trials": 1, "timing_warmup": 1, "timing_min_reps": 3, "timing_max_reps": 3}}
+    memory_history.start(ctx.device)
     send, ctx.send = ctx.send, lambda message: None  # the evaluator waits for "ready", not stages
     try:
         run_job(ctx, job)
@@ -390,12 +391,14 @@ def _stage(ctx: WorkerContext, state: dict[str, Any], name: str) -> None:
     ctx.send({"type": "stage", "stage": name})
 
 
-def _memory_mark(device: torch.device, result: dict[str, Any], stage: str) -> None:
+def _memory_mark(device: torch.device, result: dict[str, Any], stage: str, job: dict[str, Any]) -> None:
     """The judge's own device memory at the end of ``stage`` (MiB): held by tensors, reserved by the caching
     allocator, and the most held since the last mark; what a GPU-size problem's judge needs, stage by stage
-    (benchmarks.md 1m: one judge reached 49.5 GB for 6.4 GB outputs)."""
+    (benchmarks.md 1m: one judge reached 49.5 GB for 6.4 GB outputs). With KB_GYM_MEMORY_HISTORY, the allocations
+    so far and their stacks too (memory_history.py)."""
     if device.type != "cuda":
         return
+    memory_history.dump(device, str(job.get("problem_key", "")), int(job.get("job_id", 0)), stage)
     mib = 1 << 20
     marks = result.setdefault("correctness", {}).setdefault("judge_memory_mib", {})
     marks[stage] = [torch.cuda.memory_allocated(device) // mib, torch.cuda.memory_reserved(device) // mib,
@@ -508,7 +511,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     shared = locked and has_candidate and bool(job.get("share_device"))
     if locked:
         ctx.acquire_device(exclusive=not shared)
-    _memory_mark(device, result, "load")
+    _memory_mark(device, result, "load", job)
 
     # --- correctness: fresh secret-seeded inputs per trial ----------------------------------------
     if has_candidate:
@@ -526,7 +529,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             if state.get("ref_out_bytes"):  # for the evaluator's next jobs of this problem (payload_hint)
                 result.setdefault("correctness", {})["output_bytes"] = int(state["ref_out_bytes"])
         stages["correctness"] = time.perf_counter() - t0
-        _memory_mark(device, result, "correctness")
+        _memory_mark(device, result, "correctness", job)
         if result.get("status") == "incorrect":
             return
     else:
@@ -558,12 +561,13 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
                                                 deadline, state["chunk_bytes"], widen=bool(state.get("widen")))
             # the timing stage's split (with spare_wait, timing_loop, second_opinion, probe_check): where it goes
             result["stage_seconds"]["calibration"] = time.perf_counter() - began
+            _memory_mark(device, result, "calibration", job)  # the spare's calls; the timing mark: the loop's
         timing_stage(ctx, job, ref_mod, ref_model, state.get("runner"), dtype, atol, rtol, result, state, deadline)
     finally:  # a timing cut short by a verdict still held the device
         measuring.end()
         stages["timing"] = time.perf_counter() - t0
         result["timed_at"] = [timed_from, time.time()]
-        _memory_mark(device, result, "timing")
+        _memory_mark(device, result, "timing", job)
     if shared and state.get("after_exit") is None:  # a reading after the exit is a measurement: still exclusive
         ctx.acquire_device(exclusive=False)
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
