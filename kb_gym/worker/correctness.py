@@ -220,6 +220,7 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     extra_from = time.perf_counter()
     if last is not None:
         _determinism_rerun(setup, last, result, state, counts)
+        last = None  # its inputs and answer go before the widened trial's are made
     if identity and result.get("status") != "incorrect":
         widened = _widened_trial(setup, extra_seed, result, state, counts)
         unverifiable = unverifiable if widened is None else widened
