@@ -10,7 +10,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-STAGES = ("load", "correctness", "calibration", "timing")
+STAGES = ("load", "correctness", "calibration", "timing", "checks")
 GIB = 1 << 30
 
 

@@ -423,6 +423,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
 
     # --- load: the reference here, the candidate in a pristine runner ---------------------------
     _stage(ctx, state, "load")
+    if device.type == "cuda":  # the load mark's most held is this job's (not the last one's checks and clean-up)
+        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     ref_path = job_dir / "reference.py"
     ref_path.write_text(job["problem_code"])
@@ -538,6 +540,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     # --- timing ---------------------------------------------------------------------------------
     if not cfg["timing"]:
         _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
+        _memory_mark(device, result, "checks", job)
         result.setdefault("status", "correct")
         return
     if shared:
@@ -571,6 +574,7 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     if shared and state.get("after_exit") is None:  # a reading after the exit is a measurement: still exclusive
         ctx.acquire_device(exclusive=False)
     _kernel_checks(ctx, job, ref_mod, ref_model, dtype, atol, rtol, result, state)
+    _memory_mark(device, result, "checks", job)
 
 
 def _own_harness(ctx: WorkerContext, runner: Any, seed: int, deadline: float, ref_mod: Any, ref_model: Any,
