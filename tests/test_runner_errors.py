@@ -67,3 +67,30 @@ def test_the_timed_inputs_made_again_out_of_memory_are_tried_once_more_with_the_
     r, replies, freed = _asking_runner(monkeypatch, [TypeError("an input swapped for a list")])
     r._inputs()
     assert replies == [{"type": "inputs", "mutated": True}] and freed == []
+
+
+def test_a_call_whose_inputs_do_not_fit_is_answered_out_of_memory_not_a_dead_runner(monkeypatch):
+    """Beside a neighbour's 6.4 GB job on an H100, a reference copy's runner died copying its trial inputs (the
+    pristine copy for the mutation check), and the job was a `crash`. Now the runner replies with the allocator's
+    error, named as out of memory, which the judge turns into a run alone (job.run_job's device_oom)."""
+    import types
+
+    from kb_gym.worker import runner
+    from kb_gym.worker.loading import OUT_OF_DEVICE_MEMORY
+
+    for where in ("make_inputs", "clone_inputs"):
+        def fail(*args, where=where, **kwargs):
+            raise torch.OutOfMemoryError(f"CUDA out of memory in {where}. Tried to allocate 6.00 GiB")
+
+        monkeypatch.setattr(runner, "make_inputs", fail if where == "make_inputs" else lambda *a, **k: [torch.ones(4)])
+        monkeypatch.setattr(runner, "clone_inputs", fail if where == "clone_inputs" else lambda inputs: list(inputs))
+        monkeypatch.setattr(runner, "sticky_cuda_error", lambda device: False)
+        replies = []
+        r = object.__new__(runner.Runner)
+        r.device, r.ref_mod, r.dtype = types.SimpleNamespace(type="cuda"), None, torch.float32
+        r.ref_model, r.model, r.forward_checked, r.candidate_file = torch.nn.Identity(), None, True, "new.py"
+        r.send = replies.append
+        r._call({"type": "call", "seed": 3, "target": "reference", "check_mutation": True}, timed=False)
+        assert len(replies) == 1 and replies[0]["type"] == "error", replies
+        assert replies[0]["status"] == "runtime_error" and replies[0]["error"].startswith(OUT_OF_DEVICE_MEMORY)
+        assert where in replies[0]["error"]

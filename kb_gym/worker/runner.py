@@ -278,14 +278,24 @@ class Runner:
         if model is None:
             self.send({"type": "error", "status": "crash", "error": "nothing loaded to call"})
             return
-        inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype, widen=bool(msg.get("widen")))
+        try:
+            inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype,
+                                 widen=bool(msg.get("widen")))
+        except Exception as exc:  # noqa: BLE001 - out of the device's memory beside a neighbour's job, above all
+            self._send_exception(exc)  # a reply, not a dead runner: the judge runs the job again alone (device_turns)
+            return
         if not reference and not self.forward_checked:
             self.forward_checked = True
             bad = _forward_mismatch(self.model, self.ref_mod, inputs)
             if bad:
                 self.send({"type": "error", "status": "compile_error", "error": bad})
                 return
-        pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
+        try:
+            pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
+        except Exception as exc:  # noqa: BLE001 - the same (an H100 batch: a reference copy's runner died here)
+            del inputs
+            self._send_exception(exc)
+            return
         if msg.get("knockout") and not reference:
             model = _knocked_out(model, self.counter)
         self.dataflow_report = None
