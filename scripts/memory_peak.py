@@ -20,7 +20,12 @@ def where(frames: list[dict]) -> str:
     return " < ".join(ours[:2]) or (frames[0]["name"] if frames else "?")
 
 
-def peaks(events: list[dict], windows: list[tuple[str, float]]) -> None:
+Peaks = dict[str, tuple[int, list[tuple[str, int, int]]]]  # stage: (most bytes alive, [(site, bytes, allocations)])
+
+
+def stage_peaks(events: list[dict], windows: list[tuple[str, float]]) -> Peaks:
+    """Per stage (``windows``: each stage's name and the time its mark was written, in order), the most bytes alive
+    at once within its window and what held them then: (site, bytes, allocations), largest first."""
     alive: dict[int, tuple[int, str]] = {}
     total = 0
     best: dict[str, tuple[int, dict[int, tuple[int, str]]]] = {}
@@ -28,10 +33,8 @@ def peaks(events: list[dict], windows: list[tuple[str, float]]) -> None:
     name, end = next(bounds)
     for e in events:
         t = e.get("time_us", 0)
-        while t > end:
+        while name is not None and t > end:
             name, end = next(bounds, (None, float("inf")))
-            if name is None:
-                break
         if name is None:
             break
         action, addr, size = e["action"], e["addr"], e["size"]
@@ -44,17 +47,25 @@ def peaks(events: list[dict], windows: list[tuple[str, float]]) -> None:
             continue
         if total > best.get(name, (-1, {}))[0]:
             best[name] = (total, dict(alive))
-    for stage, _ in windows:
-        if stage not in best:
-            continue
-        most, held = best[stage]
+    out: dict[str, tuple[int, list[tuple[str, int, int]]]] = {}
+    for stage, (most, held) in best.items():
         groups: dict[str, list[int]] = defaultdict(list)
         for size, site in held.values():
             groups[site].append(size)
-        print(f"== {stage}: {most / GIB:.2f} GiB held at its peak")
-        for site, sizes in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:12]:
-            if sum(sizes) >= 64 << 20:
-                print(f"  {sum(sizes) / GIB:7.2f} GiB  x{len(sizes):<3d} {site}")
+        out[stage] = (most, sorted(((site, sum(v), len(v)) for site, v in groups.items()), key=lambda g: -g[1]))
+    return out
+
+
+def report(peaks: Peaks, windows: list[tuple[str, float]]) -> list[str]:
+    lines = []
+    for stage, _ in windows:
+        if stage not in peaks:
+            continue
+        most, groups = peaks[stage]
+        lines.append(f"== {stage}: {most / GIB:.2f} GiB held at its peak")
+        lines += [f"  {size / GIB:7.2f} GiB  x{count:<3d} {site}" for site, size, count in groups[:12]
+                  if size >= 64 << 20]
+    return lines
 
 
 def main() -> None:
@@ -74,7 +85,7 @@ def main() -> None:
         windows = [(s, max((e.get("time_us", 0) for t in snap["device_traces"] for e in t), default=0))
                    for s, snap in snaps]
         print(f"# {job}: {len(events)} events")
-        peaks(events, windows)
+        print("\n".join(report(stage_peaks(events, windows), windows)))
 
 
 if __name__ == "__main__":
