@@ -7,7 +7,9 @@
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
 #   Knobs: TIMES_DATASET (e.g. synthetic:200), TIMES_ONLY (problem keys), TIMES_TAG (suffix of times.json), SOLUTIONS_ONLY (problem keys, comma-separated), FIDELITY_REPEATS, FIDELITY_PRESETS (e.g. default,rl), KB_GYM_FIDELITY_CASES, KB_GYM_FIDELITY_BURST (1: with the burst check), SOAK_N, SOAK_MINUTES, SOAK_DEVICE, AUDIT_DATASET, AUDIT_LEVEL, AUDIT_TRIALS, AUDIT_DEVICE, AUDIT_SECONDS,
-#   AUDIT_RETRY_SECONDS, GPU_TESTS (what the tests part collects, e.g. tests/gpu/test_gpu_wall_check.py), PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way), MEMORY_SAMPLES (seconds: GPU memory by process);
+#   AUDIT_RETRY_SECONDS, GPU_TESTS (what the tests part collects, e.g. tests/gpu/test_gpu_wall_check.py), PYTEST_ARGS, ADVERSARIAL_GROUP (a number, or several: "3 4 5 6" side by side), ADVERSARIAL_ONLY, BATCH_ARGS (e.g. --no-kernelbench-way), MEMORY_SAMPLES (seconds: GPU memory by process), KB_GYM_MEMORY_HISTORY (a
+#   folder: the judges' allocations with their stacks at each stage's mark; scripts/memory_peak.py FOLDER names
+#   what each stage's peak held);
 #   GPU workers are Landlocked by default (KB_GYM_LANDLOCK=auto; unconfined where CUDA fails under it);
 #   KB_GYM_LANDLOCK=try runs the probe first and sets 1 or 0 from it.
 # Expects, carried beside the working tree: .whl/ (gymnasium, trl, datasets wheels from
