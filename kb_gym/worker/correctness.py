@@ -107,17 +107,13 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
     device, dtype, atol, rtol = setup.device, setup.dtype, setup.atol, setup.rtol
     ref_model = setup.ref_model
     trials = len(seeds)
-    report: dict[str, Any] = {"trials": trials, "passed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0,
-                              "rel_l2_err": 0.0}
     # where the stage's time goes, summed over the trials (the rerun and the widened trial in "extra"): the judge's
     # inputs and reference forwards, the candidate's calls with their outputs' crossing, the judge's comparisons
     spent = dict.fromkeys(("inputs", "reference", "candidate", "judge", "extra"), 0.0)
-    report["seconds"] = spent
     began = time.perf_counter()
-    marks = (result.get("correctness") or {}).get("judge_memory_mib")
-    if marks:  # the load stage's memory mark (job._memory_mark)
-        report["judge_memory_mib"] = marks
-    result["correctness"] = report
+    # added to what the load stage recorded there (its memory mark, job._memory_mark), not in place of it
+    report = result.setdefault("correctness", {})
+    report.update(trials=trials, passed=0, max_abs_err=0.0, max_rel_err=0.0, rel_l2_err=0.0, seconds=spent)
     degenerate = identity = unverifiable = False
     previous: list[torch.Tensor] = []
     places: list[torch.Tensor | None] | None = None  # drawn elements of large outputs, and the last answer there
@@ -143,16 +139,15 @@ def run_trials(setup: TrialSetup, seeds: list[int], extra_seed: int, result: dic
             else:
                 ref_out = ref_model(*own)
         _sync(device)
-        t2 = time.perf_counter()
-        spent["reference"] += t2 - t1
+        t_ref = time.perf_counter()
+        spent["reference"] += t_ref - t1
         # The reference's forward had inputs of its own (it may write to them); the comparisons' are made again from
         # the seed once they are gone. A clone of them held beside the originals was one more input's worth at the
         # forward's peak (a 7.5 GB RMSNorm's judge held 42 GB).
         own = None
         inputs = make_inputs(setup.ref_mod, seed, device, dtype)
-        t2b = time.perf_counter()
-        spent["inputs"] += t2b - t2
-        t2 = t2b
+        t2 = time.perf_counter()
+        spent["inputs"] += t2 - t_ref
         try:
             reply = setup.runner.call(seed, timeout=setup.remaining(), byte_limit=state["byte_limit"],
                                       check_mutation=True)

@@ -281,8 +281,11 @@ class Runner:
         try:
             inputs = make_inputs(self.ref_mod, int(msg["seed"]), self.device, self.dtype,
                                  widen=bool(msg.get("widen")))
+            pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
         except Exception as exc:  # noqa: BLE001 - out of the device's memory beside a neighbour's job, above all
-            self._send_exception(exc)  # a reply, not a dead runner: the judge runs the job again alone (device_turns)
+            # a reply, not a dead runner (an H100 batch: a reference copy's runner died copying its trial inputs): the
+            # judge runs the job again alone (device_turns)
+            self._send_exception(exc)
             return
         if not reference and not self.forward_checked:
             self.forward_checked = True
@@ -290,12 +293,6 @@ class Runner:
             if bad:
                 self.send({"type": "error", "status": "compile_error", "error": bad})
                 return
-        try:
-            pristine = clone_inputs(inputs) if msg.get("check_mutation") else None
-        except Exception as exc:  # noqa: BLE001 - the same (an H100 batch: a reference copy's runner died here)
-            del inputs
-            self._send_exception(exc)
-            return
         if msg.get("knockout") and not reference:
             model = _knocked_out(model, self.counter)
         self.dataflow_report = None
