@@ -245,18 +245,7 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     try:
         _pipeline(ctx, job, job_dir, result, state)
     except StageError as exc:
-        failure = exc
-        watcher = state.get("watcher")
-        if watcher is not None and watcher.verdict:  # killed while paused for a neighbour: whatever failed after
-            failure = StageError("runtime_error", watcher.verdict)
-        result.update(status=failure.status, error=failure.message)
-        result["flags"] += [f for f in failure.flags if f not in result["flags"]]
-        if failure.status in ("crash", "timeout") and "runner" in state:
-            result["failed_stage"] = state.get("stage", "load")
-        if failure.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
-            result["restart"] = sticky_cuda_error(ctx.device)
-        if failure.status == "runtime_error" and OUT_OF_DEVICE_MEMORY in failure.message:
-            result["device_oom"] = "runner"  # the evaluator runs it again with the device to itself (device_turns)
+        _record_failure(ctx, exc, result, state)
     except Exception as exc:  # noqa: BLE001 - the judge's own failure: report it, start a fresh judge
         _judge_failed(result, exc)
     finally:
@@ -325,6 +314,25 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         result["stage_seconds"]["teardown"] = time.perf_counter() - teardown
     _bounded(result)
     return result
+
+
+def _record_failure(ctx: WorkerContext, exc: StageError, result: dict[str, Any], state: dict[str, Any]) -> None:
+    """A stage's failure as the job's verdict. A function of its own so that no frame of run_job names the error:
+    its traceback holds the failed stage's frames and their tensors (a GPU-size problem's inputs and answers), and
+    a name for it in run_job's frame, which the traceback holds too, made a cycle that the clean-up's collection
+    could not free while run_job ran, so the next job's judge started with them (benchmarks.md 1p: 12-14 GiB)."""
+    failure = exc
+    watcher = state.get("watcher")
+    if watcher is not None and watcher.verdict:  # killed while paused for a neighbour: whatever failed after
+        failure = StageError("runtime_error", watcher.verdict)
+    result.update(status=failure.status, error=failure.message)
+    result["flags"] += [f for f in failure.flags if f not in result["flags"]]
+    if failure.status in ("crash", "timeout") and "runner" in state:
+        result["failed_stage"] = state.get("stage", "load")
+    if failure.restart:  # a runner's CUDA error is the runner's: the judge goes on if its own context works
+        result["restart"] = sticky_cuda_error(ctx.device)
+    if failure.status == "runtime_error" and OUT_OF_DEVICE_MEMORY in failure.message:
+        result["device_oom"] = "runner"  # the evaluator runs it again with the device to itself (device_turns)
 
 
 def _keeper(ctx: WorkerContext, job: dict[str, Any], state: dict[str, Any]) -> Callable[[Path], None] | None:
