@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import types
+import weakref
 
 import pytest
 import torch
@@ -37,6 +38,30 @@ def test_widened_inputs_are_three_times_randn_like_the_problems_own(layout, dtyp
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
         assert torch.equal(g, w)
+
+
+def test_the_widened_draw_comes_once_the_problems_own_input_is_gone(monkeypatch):
+    """One input's worth at a time: the draw's buffer is taken only once nothing holds the problem's own input
+    (an iterator's kept item did, and an H100 measured twice one input at the peak: tests/gpu/test_gpu_inputs.py)."""
+    own: list[weakref.ref] = []
+
+    def get_inputs():
+        x, y = torch.rand(1000), torch.rand(10, 10)
+        own.extend([weakref.ref(x), weakref.ref(y)])
+        return [x, y]
+
+    alive_at_draw: list[int] = []
+    empty_strided = torch.empty_strided
+
+    def watched(*args, **kwargs):
+        alive_at_draw.append(sum(r() is not None for r in own))
+        return empty_strided(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty_strided", watched)
+    got = make_inputs(types.SimpleNamespace(get_inputs=get_inputs), 3, torch.device("cpu"), torch.float32, widen=True)
+    assert [t.shape for t in got] == [(1000,), (10, 10)]
+    # the first draw with the second input alive (its turn is next), the second with none
+    assert alive_at_draw == [1, 0], alive_at_draw
 
 
 def test_all_finite_reads_every_slice(monkeypatch):

@@ -56,7 +56,9 @@ def make_inputs(module: Any, seed: int, device: torch.device, dtype: torch.dtype
         # ``randn_like(x) * 3``, the same bits, drawn once ``x`` is gone where nothing else holds it: randn_like's
         # layout taken from a meta copy, the product in place. One input's worth at a time, not three (a 6.4 GB
         # input's widened draw held 19 GB of a judge, on top of what the judge already held)
-        for i, x in enumerate(placed):
+        # by index: enumerate() keeps the last item it gave in a tuple it reuses, which held the input through its draw
+        for i in range(len(placed)):
+            x = placed[i]
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 like = torch.empty_like(x, device="meta")
                 where = x.device
