@@ -7,6 +7,7 @@ that patches ``torch.allclose`` later does not change what this module calls.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -55,34 +56,72 @@ class Comparison:
     numeric: bool = False
 
 
+def _flat_view(t: torch.Tensor) -> torch.Tensor | None:
+    try:
+        return t.view(-1)
+    except RuntimeError:  # a layout no flat view has (a transposed input): reshape(-1) would copy it whole
+        return None
+
+
+def aligned_slices(tensors: list[torch.Tensor], chunk: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """The same elements of same-shaped tensors, slice by slice (views, at most ``chunk`` elements each), for
+    comparisons that need no element's flat position. Flat slices where every tensor has a flat view; otherwise
+    blocks of the first dimension, and within it where one of its rows is larger than ``chunk``. ``reshape(-1)`` of
+    a layout with no flat view copies it: a 7 GB RMSNorm input's transpose, held against the answer as a trivial
+    output, was a 7 GB copy in the judge (benchmarks.md 1p)."""
+    tensors = [t.detach() for t in tensors]
+    flat = [_flat_view(t) for t in tensors]
+    if all(f is not None for f in flat):
+        n = flat[0].numel()
+        for lo in range(0, n, chunk):
+            yield tuple(f[lo:lo + chunk] for f in flat)
+        return
+    first = tensors[0]
+    if not first.numel():
+        return
+    row = first[0].numel()
+    if row <= chunk:
+        step = max(1, chunk // max(row, 1))
+        for lo in range(0, first.shape[0], step):
+            yield tuple(t[lo:lo + step] for t in tensors)
+    else:
+        for i in range(first.shape[0]):
+            yield from aligned_slices([t[i] for t in tensors], chunk)
+
+
+def _pairs(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    if a.shape == b.shape:
+        yield from aligned_slices([a, b], CHUNK)
+        return
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)  # the same count in other shapes: flat positions pair them
+    for lo in range(0, fa.numel(), CHUNK):
+        yield fa[lo:lo + CHUNK], fb[lo:lo + CHUNK]
+
+
 def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work: torch.dtype) -> bool:
-    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
-    return all(bool(_isclose(fa[lo:lo + CHUNK].to(work), fb[lo:lo + CHUNK].to(work), rtol=rtol, atol=atol).all())
-               for lo in range(0, fa.numel(), CHUNK))
+    return all(bool(_isclose(sa.to(work), sb.to(work), rtol=rtol, atol=atol).all()) for sa, sb in _pairs(a, b))
 
 
 def error_stats(a: torch.Tensor, b: torch.Tensor, atol: float | None = None,
                  rtol: float | None = None) -> tuple[float, float]:
     """(fraction of elements beyond atol + rtol * |b|, ||a - b|| / ||b||), in float64 slice by slice (no
     full-size temporaries). NaN counts as beyond; without a tolerance the fraction is not counted (0)."""
-    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
     bad = 0
     sq_diff = sq_ref = 0.0
-    for lo in range(0, fa.numel(), CHUNK):
-        sa, sb = fa[lo:lo + CHUNK].double(), fb[lo:lo + CHUNK].double()
+    for sa, sb in _pairs(a, b):
+        sa, sb = sa.double(), sb.double()
         if atol is not None:
             bad += int((~_isclose(sa, sb, rtol=rtol, atol=atol, equal_nan=False)).sum().item())
         sq_diff += float(_norm(sa - sb).item()) ** 2
         sq_ref += float(_norm(sb).item()) ** 2
     rel = (sq_diff / sq_ref) ** 0.5 if sq_ref > 0 else (0.0 if sq_diff == 0 else float("inf"))
-    return bad / max(fa.numel(), 1), rel
+    return bad / max(a.numel(), 1), rel
 
 
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every value is finite, slice by slice: ``isfinite`` of a whole 6.4 GB output made 10.5 GB of
     temporaries (its absolute value and three masks)."""
-    flat = _as_real(t.detach()).reshape(-1)
-    return all(bool(_isfinite(flat[lo:lo + CHUNK]).all().item()) for lo in range(0, flat.numel(), CHUNK))
+    return all(bool(_isfinite(s).all().item()) for (s,) in aligned_slices([_as_real(t)], CHUNK))
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
