@@ -10,7 +10,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-STAGES = ("load", "correctness", "calibration", "timing", "checks")
+# "start": written as the job begins (job._pipeline); it bounds the load stage's window from below, and is not a stage
+STAGES = ("start", "load", "correctness", "calibration", "timing", "checks")
 GIB = 1 << 30
 
 
@@ -25,7 +26,8 @@ Peaks = dict[str, tuple[int, list[tuple[str, int, int]]]]  # stage: (most bytes 
 
 def stage_peaks(events: list[dict], windows: list[tuple[str, float]]) -> Peaks:
     """Per stage (``windows``: each stage's name and the time its mark was written, in order), the most bytes alive
-    at once within its window and what held them then: (site, bytes, allocations), largest first."""
+    at once within its window and what held them then: (site, bytes, allocations), largest first. A "start" window
+    (the history up to the job's start) is replayed for what stays alive, and not reported."""
     alive: dict[int, tuple[int, str]] = {}
     total = 0
     best: dict[str, tuple[int, dict[int, tuple[int, str]]]] = {}
@@ -44,6 +46,8 @@ def stage_peaks(events: list[dict], windows: list[tuple[str, float]]) -> Peaks:
         elif action in ("free_requested", "free_completed") and addr in alive:
             total -= alive.pop(addr)[0]
         else:
+            continue
+        if name == "start":  # before the job: what it leaves alive is counted, its peaks are the last job's
             continue
         if total > best.get(name, (-1, {}))[0]:
             best[name] = (total, dict(alive))

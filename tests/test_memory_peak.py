@@ -76,3 +76,19 @@ def test_each_stage_names_what_was_alive_at_its_own_peak(tmp_path, monkeypatch, 
     printed = capsys.readouterr().out
     assert "# level1_19_ReLU-3:" in printed
     assert "== correctness: 6.00 GiB held at its peak" in printed and "== timing: 4.00 GiB" in printed
+
+
+def test_the_load_window_begins_at_the_jobs_start_not_with_the_last_jobs_tail(tmp_path):
+    """The history a judge keeps spans its earlier jobs; the "start" mark (written as the job begins) keeps their
+    peaks out of this job's load stage, while what they left alive still counts (the judge held it)."""
+    script = _script()
+    events = [{"action": "alloc", "addr": 1, "size": 6 * GIB, "time_us": 10, "frames": _frames(50, "last_job")},
+              {"action": "alloc", "addr": 2, "size": GIB, "time_us": 20, "frames": _frames(51, "left_alive")},
+              {"action": "free_completed", "addr": 1, "size": 0, "time_us": 30, "frames": []},
+              {"action": "alloc", "addr": 3, "size": 2 * GIB, "time_us": 50, "frames": _frames(60, "this_job")}]
+    peaks = script.stage_peaks(events, [("start", 40), ("load", 60)])
+    assert "start" not in peaks
+    most, groups = peaks["load"]
+    assert most == 3 * GIB and {site.split()[0] for site, _, _ in groups} == {"inputs.py:51", "inputs.py:60"}
+    # without the start mark the last job's 6 GiB (gone before this job began) was reported as the load stage's
+    assert script.stage_peaks(events, [("load", 60)])["load"][0] == 7 * GIB

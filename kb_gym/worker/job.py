@@ -433,6 +433,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
     _stage(ctx, state, "load")
     if device.type == "cuda":  # the load mark's most held is this job's (not the last one's checks and clean-up)
         torch.cuda.reset_peak_memory_stats(device)
+        # where the job's allocation history begins (KB_GYM_MEMORY_HISTORY; scripts/memory_peak.py's load window)
+        memory_history.dump(device, str(job.get("problem_key", "")), int(job.get("job_id", 0)), "start")
     t0 = time.perf_counter()
     ref_path = job_dir / "reference.py"
     ref_path.write_text(job["problem_code"])
