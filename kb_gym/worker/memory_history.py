@@ -2,8 +2,8 @@
 
 ``KB_GYM_MEMORY_HISTORY=DIR`` (the judge inherits it): the judge records every allocation from its start and, as
 each job starts ("start") and at each stage's memory mark (job._memory_mark), writes the history so far to
-``DIR/<problem>-<job>-<stage>.pickle`` (torch.cuda.memory's snapshot format). scripts/memory_peak.py replays one and names the tensors alive at its peak.
-Off by default: the recording costs CPU time on every allocation."""
+``DIR/<problem>-<job>-<stage>.pickle`` (torch.cuda.memory's snapshot format). scripts/memory_peak.py replays one
+and names the tensors alive at its peak. Off by default: the recording costs CPU time on every allocation."""
 
 from __future__ import annotations
 
