@@ -79,9 +79,9 @@ def aligned_slices(tensors: list[torch.Tensor], chunk: int) -> Iterator[tuple[to
     first = tensors[0]
     if not first.numel():
         return
-    row = first[0].numel()
+    row = first[0].numel()  # > 0: the tensor has elements
     if row <= chunk:
-        step = max(1, chunk // max(row, 1))
+        step = chunk // row
         for lo in range(0, first.shape[0], step):
             yield tuple(t[lo:lo + step] for t in tensors)
     else:
@@ -90,12 +90,8 @@ def aligned_slices(tensors: list[torch.Tensor], chunk: int) -> Iterator[tuple[to
 
 
 def _pairs(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
-    if a.shape == b.shape:
-        yield from aligned_slices([a, b], CHUNK)
-        return
-    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)  # the same count in other shapes: flat positions pair them
-    for lo in range(0, fa.numel(), CHUNK):
-        yield fa[lo:lo + CHUNK], fb[lo:lo + CHUNK]
+    # the same count in other shapes: flat positions pair them
+    return aligned_slices([a, b] if a.shape == b.shape else [a.reshape(-1), b.reshape(-1)], CHUNK)
 
 
 def _all_close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, work: torch.dtype) -> bool:
