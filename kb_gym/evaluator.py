@@ -390,6 +390,8 @@ class Evaluator(EvaluationAPI):
         for key in ("alone", "evicted", "retried_alone", "device_oom"):  # device_turns: the device to itself, and why
             if raw.get(key):
                 result.worker[key] = raw[key]
+        if raw.get("neighbour_gpu_check"):  # whether its pauses looked at its queued GPU work (gpu_activity.py)
+            result.worker["neighbour_gpu_check"] = raw["neighbour_gpu_check"]
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])

@@ -26,6 +26,7 @@ from kb_gym.worker import build_cache, memory_history, neighbours, pch, triton_c
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
+from kb_gym.worker.gpu_activity import GpuActivity
 from kb_gym.worker.inputs import DTYPES, clone_inputs, init_model, make_inputs
 from kb_gym.worker.judge_timing import (
     SOL_MARGIN,
@@ -89,6 +90,14 @@ class WorkerContext:
         # the job's runner stopped while another judge measures the device and this job does not hold it
         self.watcher: neighbours.PauseWatcher | None = None
         self.paused_waiting_s = 0.0  # of the job's pauses, the time it was waiting for the device anyway
+        self.gpu_owner_check: tuple[GpuActivity | None, str] | None = None  # opened at the first watch
+
+    def gpu_activity(self) -> GpuActivity | None:
+        """NVML's per-process reading of the device for the pause watchers (gpu_activity.py), opened once; None where
+        it cannot attribute work to this judge's runners (``gpu_owner_check[1]`` says why)."""
+        if self.gpu_owner_check is None:
+            self.gpu_owner_check = GpuActivity.open(self.device)
+        return self.gpu_owner_check[0]
 
     def usable_probe(self) -> ProbeClock | None:
         """The judge's probe, a fresh one where the last failed (a reply late by 10 s, the process gone): up to
@@ -257,6 +266,8 @@ def run_job(ctx: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             result["stage_seconds"]["paused_for_neighbours"] = watcher.paused_s
             # the pauses that held its load back (the rest fell in its wait for the device, counted there too)
             result["stage_seconds"]["paused_loading"] = max(0.0, watcher.paused_s - ctx.paused_waiting_s)
+            # whether the pauses looked at the runner's queued GPU work ("on"), or why not
+            result["neighbour_gpu_check"] = ctx.gpu_owner_check[1] if ctx.gpu_owner_check else ""
         runner = state.pop("runner", None)
         if runner is not None:
             calibration = state.get("calibration")
@@ -485,7 +496,8 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             # populate and page-locking of a 6.4 GB memfd is seconds in the kernel, with sleeps; watched, an honest
             # runner was killed for it on an H100 with three and four workers), as a spare does at its start.
             ctx.paused_waiting_s = 0.0
-            ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send)
+            ctx.watcher = state["watcher"] = neighbours.PauseWatcher(files, runner, notify=ctx.send,
+                                                                     gpu=ctx.gpu_activity())
             runner.paused = ctx.watcher.paused_seconds  # its waits for the runner leave out the time it was paused
             ctx.watcher.watch()
             deadline += ctx.watcher.paused_seconds()  # a measurement it waited out first (neighbours.py)

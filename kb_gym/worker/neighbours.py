@@ -50,9 +50,11 @@ from typing import Any
 
 from kb_gym import sandbox
 from kb_gym.device_lock import flock_file
+from kb_gym.worker.gpu_activity import GpuActivity
 
 POLL_S = 0.01  # a watcher's look at the measure file: what a measurement waits for at least
 RAN_POLL_S = 0.05  # a paused tree's CPU use read this often (each read is every thread's schedstat)
+GPU_POLL_S = 0.1  # a paused tree's GPU work (NVML's samples, gpu_activity.py) read this often
 
 SETTLE_S = 2.0  # the longest a measurement waits for a tree's running threads to stop (one in a long system call)
 # CPU a paused tree may still use: a system call's tail as a thread that was asleep in it wakes (a compiler's read)
@@ -70,6 +72,8 @@ DID_NOT_STOP = (f"the candidate's processes did not stop within {STOP_LIMIT_S:g}
                 "on the same device (a system call that long): killed")
 RAN_WHILE_PAUSED = ("the candidate's processes ran while they were stopped for another candidate's measurement on "
                     "the same device (something resumed them): killed")
+GPU_RAN_WHILE_PAUSED = ("the candidate's GPU work ran on {late:.2f} s after its processes were stopped for another "
+                        "candidate's measurement on the same device (work queued before the stop): killed")
 
 
 def pause_files(job: dict[str, Any]) -> tuple[Path, Path] | None:
@@ -162,9 +166,13 @@ class PauseWatcher:
     does not hold its device, ``unwatch`` once it does; ``verdict`` says why the runner was killed, if it was."""
 
     def __init__(self, files: tuple[Path, Path], runner: Any,
-                 notify: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 notify: Callable[[dict[str, Any]], None] | None = None, gpu: GpuActivity | None = None) -> None:
         self.measure, self.unpaused = files
         self.runner = runner
+        # GPU work the tree queued before a stop runs on through the measurement: where NVML attributes it
+        # (gpu_activity.py), a tree whose work runs past the stop's grace is killed, and its queue with its context
+        self.gpu = gpu
+        self._gpu_reading: tuple[float, int, float] | None = None  # the pause's stop, the last sample, the last look
         # told as each pause begins and ends (a "pause" message to the evaluator, whose stage clock stops meanwhile);
         # from the watcher's thread, and from ``watch`` for a wait it begins with
         self.notify = notify
@@ -245,6 +253,8 @@ class PauseWatcher:
     def _pause(self) -> None:
         """Stop the tree, let the measurement begin, and resume once it is over (or the job stops watching)."""
         self._begin_pause()
+        stopped_at = time.time()
+        self._gpu_reading = (stopped_at, int(stopped_at * 1e6), 0.0)
         procs = self.runner.stop()
         try:
             sandbox.unstopped(procs, SETTLE_S, also=("D",))
@@ -284,11 +294,32 @@ class PauseWatcher:
         so the process never takes it and never switches out: round 33; a stopped one ignores it) and kill it where
         it ran since ``usage`` was read (``_ran``); whether it was killed."""
         self.runner.restop()
+        late = self._gpu_late(usage)
+        if late:
+            self._kill(GPU_RAN_WHILE_PAUSED.format(late=late) if sandbox.alive(self.runner.pid) else "")
+            return True
         if not _ran(usage, sandbox.process_usage(self.runner.pid), switched):
             return False
         # a runner the judge killed meanwhile (its load's time was up) ran no more: no verdict
         self._kill(RAN_WHILE_PAUSED if sandbox.alive(self.runner.pid) else "")
         return True
+
+    def _gpu_late(self, usage: dict[int, sandbox.ProcessUsage]) -> float:
+        """How long after the stop the tree's GPU work was seen running (0.0: not past the grace, not yet read, or
+        no reading here); NVML is read at most every GPU_POLL_S."""
+        if self.gpu is None or self._gpu_reading is None:
+            return 0.0
+        stopped_at, since_us, looked = self._gpu_reading
+        if time.monotonic() - looked < GPU_POLL_S:
+            return 0.0
+        try:
+            late, since_us = self.gpu.busy_after(usage, stopped_at, since_us)
+        except Exception as exc:  # noqa: BLE001 - NVML failed mid-run: the pause goes on without it, as before
+            print(f"kb_gym: the pause's GPU reading stopped: {exc!r}", file=sys.stderr)
+            self.gpu = None
+            return 0.0
+        self._gpu_reading = (stopped_at, since_us, time.monotonic())
+        return late
 
     def _rejoin(self) -> bool:
         """Hold ``unpaused`` again where no measurement holds or waits for it; False where one does."""
