@@ -20,6 +20,7 @@ numbers that mean something else here.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import statistics
 from collections.abc import Iterable
@@ -57,9 +58,14 @@ class NvmlSource:
         import pynvml
 
         self._nvml = pynvml
+        torch.empty(1, device=device)  # this process's own context, which ``GpuActivity.open`` looks for
         pynvml.nvmlInit()
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        try:
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        except (TypeError, ctypes.ArgumentError):  # bindings that take the bytes only
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
 
     def samples(self, since_us: int) -> list[Sample]:
         try:

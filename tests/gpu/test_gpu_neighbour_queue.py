@@ -61,3 +61,14 @@ def test_without_the_reading_the_same_neighbour_lives(monkeypatch):
     print("sibling:", siblings[0].status, siblings[0].flags, siblings[0].speedup)
     assert queuer.worker.get("neighbour_gpu_check") == "off"
     assert queuer.status == "correct", (queuer.status, queuer.error)
+
+
+def test_nvml_names_this_process_by_its_pid_and_gives_a_sample_period():
+    import torch
+
+    from kb_gym.worker.gpu_activity import GpuActivity, NvmlSource
+
+    reading, note = GpuActivity.open(torch.device("cuda:0"))
+    raw = NvmlSource(torch.device("cuda:0")).period_s()
+    print("NVML:", note, "period read", raw, "used", reading.period_s if reading else None)
+    assert note == "on" and reading is not None
