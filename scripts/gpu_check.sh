@@ -52,7 +52,7 @@ ADVERSARIAL_GROUPS=(
   "$A/test_redteam_round18.py $A/test_redteam_round19.py $A/test_redteam_round20.py $A/test_redteam_round21.py"
   "$A/test_redteam_round22.py $A/test_shared_payload.py"
   "$A/test_scratch_disk.py $A/test_runtime_checks.py"
-  "$A/test_audit.py $A/test_faults.py $A/test_neighbour_pause.py"
+  "tests/gpu/test_gpu_neighbour_queue.py $A/test_neighbour_pause.py $A/test_faults.py $A/test_audit.py"
   "$A/test_soak.py $A/test_redteam_round28.py $A/test_redteam_round33.py $A/test_redteam_round35.py"
 )
 
