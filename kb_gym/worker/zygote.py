@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
+import importlib
 import json
 import os
 import signal
@@ -45,6 +46,8 @@ def _preload() -> None:
         import triton.language  # noqa: F401
     except ImportError:
         pass
+    else:
+        _triton_key()
     import kb_gym.worker.clock  # noqa: F401
     import kb_gym.worker.inputs  # noqa: F401
     import kb_gym.worker.launches  # noqa: F401
@@ -52,6 +55,23 @@ def _preload() -> None:
     import kb_gym.worker.runner  # noqa: F401
     import kb_gym.worker.seccomp  # noqa: F401
     import kb_gym.worker.tensors  # noqa: F401
+
+
+def _triton_key() -> None:
+    """Triton keys its compiled kernels by a hash of its own sources and of libtriton (``triton_key``, cached per
+    process): 0.27 s on this CPU, paid by each runner at its first kernel, which a spare's start-up loads (the device
+    digest's, runner.serve). Reading files only, it is computed once here and every forked runner inherits it."""
+    for module in ("triton.runtime.cache", "triton.compiler.compiler"):  # where Triton 3.x versions keep it
+        try:
+            key = getattr(importlib.import_module(module), "triton_key", None)
+        except ImportError:
+            continue
+        if callable(key):
+            try:
+                key()
+            except Exception:  # noqa: BLE001 - a layout this does not know: each runner computes it, as before
+                pass
+            return
 
 
 def _enter_namespaces(libc: ctypes.CDLL) -> bool:
