@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine (see docs/benchmarks.md).
 #   Usage: scripts/gpu_check.sh [PART[@GPUS] ...]     default: tests demo bench soak
 #   PART: throughput (the batch with the memfd, the device buffer, and shared stages: THROUGHPUT_VARIANTS), ray (the batch through the local backend and the Ray service; see the part), multi, refcopy and ranks (two GPUs: the
-#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), oomturns (jobs out of memory side by side, run again alone), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), probewall (the probe check's wall reading on honest candidates, per window), probecost (the fidelity cases without and with the probe check: its cost per evaluation), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
+#   multi-GPU issue), tests (GPU-marked pytest), times (eager ms of the built-in problems at GPU size), wire (a 1 GB-output evaluation profiled), digest (device digest: self-check, runner, cost), digestwarm (where a spare's digest phase goes), oomturns (jobs out of memory side by side, run again alone), stage (one evaluation's stages and timing record, STAGE_PROBLEMS), shim (the launch shim on bare CUDA 13 stubs), solutions (our reference solutions timed at GPU size), envelope (spare vs own-runner calibration), clock (another process's GPU time from a probe context's time-slice gaps: round 4's clock design), probewall (the probe check's wall reading on honest candidates, per window), probecost (the fidelity cases without and with the probe check: its cost per evaluation), payload (pipe vs memfd per call), devpayload (outputs through the judge's device buffer: its GPU tests, then the batch without and with it), adversarial (tests/adversarial against a CUDA judge and runners on cuda:0; ADVERSARIAL_GROUP, below), batch (kb-gym bench --batch), demo, bench (kb-gym bench), soak (kb-gym soak), audit (kb-gym audit on
 #   the official set). PART@GPUS pins a part to those GPUs (CUDA_VISIBLE_DEVICES) and runs it beside the
 #   others, e.g. `tests+demo@0 audit@1` on a two-GPU machine (a+b: a then b); parts without @ run one after
 #   another.
@@ -150,6 +150,9 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                  --out "$OUT/fidelity-probe-on.json" && \
                python3 -P scripts/probe_cost.py "$OUT/fidelity-probe-off.json" "$OUT/fidelity-probe-on.json" ;;
     digest) python3 -P scripts/gpu_digest_diag.py ;;
+    # Where a spare's 0.6 s "digest" start-up phase goes: the kernel from a filled cache, with and without Triton's
+    # cache key computed first (as the zygote does before its forks), one run profiled
+    digestwarm) python3 -P scripts/digest_warm_profile.py ;;
     # Jobs out of the device's memory side by side, run again alone (device_turns.py): OOM_PROBLEM (an official key)
     oomturns) python3 -P scripts/gpu_oom_turns.py "${OOM_PROBLEM:-level1/23_Softmax}" ;;
     solutions) python3 -P scripts/solution_speedups.py --size gpu ${SOLUTIONS_ONLY:+--only "$SOLUTIONS_ONLY"} \
