@@ -4,6 +4,7 @@ the runner's memfd mapped for them while it prepares, outside the device lock, n
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -74,6 +75,22 @@ def test_a_forward_past_its_budget_is_unknown_and_the_alarm_is_put_back():
     assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     quick = _module(_forward_body("return x.t()"), "quick")  # the next estimate is not cut by a stale timer
     assert output_size.predicted_output_bytes(quick, torch.float32, budget_s=0.2) == 64 * 64 * 4
+
+
+def test_the_budget_never_ends_inside_an_import(tmp_path, monkeypatch):
+    """A meta forward imports modules lazily; the budget's exception raised inside one left modules half made (on an
+    H100, the judge's next use of torch's symbolic shapes: "module 'sympy' has no attribute 'printing'"). The import
+    runs to its end; the budget ends the forward after it."""
+    (tmp_path / "kb_slow_import.py").write_text(
+        "import time\nfor _ in range(30):\n    time.sleep(0.01)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = _module(_forward_body("import kb_slow_import; time.sleep(10); return x"), "lazy_import")
+    started = time.monotonic()
+    assert output_size.predicted_output_bytes(module, torch.float32, budget_s=0.05) == 0
+    assert time.monotonic() - started < 2.0
+    imported = sys.modules.get("kb_slow_import")
+    assert imported is not None and imported.DONE
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_off_the_main_thread_nothing_is_estimated():

@@ -31,6 +31,7 @@ from kb_gym.worker.checks import flatten_outputs
 
 FIRST_BUDGET_S = 4.0  # a process's first estimate imports the meta device's decompositions
 BUDGET_S = 0.5
+IMPORT_RETRY_S = 0.02  # the budget ran out inside an import: looked at again this much later
 
 
 class _OutOfTime(BaseException):
@@ -53,6 +54,9 @@ def predicted_output_bytes(module: Any, dtype: torch.dtype, budget_s: float | No
     _estimates += 1
 
     def expire(signum: int, frame: Any) -> None:
+        if _importing(frame):  # never inside an import: later again, once it is done
+            signal.setitimer(signal.ITIMER_REAL, IMPORT_RETRY_S)
+            return
         raise _OutOfTime
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -66,6 +70,18 @@ def predicted_output_bytes(module: Any, dtype: torch.dtype, budget_s: float | No
         return 0
     finally:
         signal.signal(signal.SIGALRM, previous)
+
+
+def _importing(frame: Any) -> bool:
+    """Whether ``frame`` runs inside an import. A meta forward imports modules lazily (decompositions, sympy through
+    torch.utils._sympy), and the budget's exception raised inside one leaves modules half made: on an H100 (session 49)
+    the judge's next use of torch's symbolic shapes failed with "module 'sympy' has no attribute 'printing'", an honest
+    reference copy's verdict `crash`."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _meta_bytes(module: Any, dtype: torch.dtype) -> int:
