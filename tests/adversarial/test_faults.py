@@ -15,7 +15,7 @@ import uuid
 
 import psutil
 import pytest
-from device import DEVICE
+from device import DEVICE, ON_GPU
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
 from kb_gym.sandbox import namespace_prefix
@@ -36,9 +36,15 @@ def relu():
     return get_problem(load_problems("builtin"), name="level1/1_ReLU")
 
 
+# The worker tree's host memory (judge, runner, spare, probe): a CUDA judge's tree holds ~3.7 GB with four CUDA
+# contexts and no candidate (an H100, session 49: an honest ReLU "exceeded the 3000 MB limit"); the blow-up's 4 GB is
+# over either limit
+MEMORY_LIMIT_MB = 6000 if ON_GPU else 3000
+
+
 @pytest.fixture(scope="module")
 def ev():
-    evaluator = Evaluator(DEVICE, config=FAST, results_path=False, memory_limit_mb=3000)
+    evaluator = Evaluator(DEVICE, config=FAST, results_path=False, memory_limit_mb=MEMORY_LIMIT_MB)
     yield evaluator
     evaluator.close()
 

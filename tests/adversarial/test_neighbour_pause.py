@@ -26,7 +26,8 @@ HONEST = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, 
 FORWARD = "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
 
 # Burns the CPU until BUSY_S after its import began and records every stretch of more than 20 ms in which it did not
-# run, and the span it recorded over; then fails its load with that record, which the test reads from the error. A
+# run (the last too: a stop that outlasts BUSY_S, on an H100 the whole sibling's window, is one gap to the end), and
+# the span it recorded over; then fails its load with that record, which the test reads from the error. A
 # pause spends the neighbour's BUSY_S, so a sibling measured after the record ended (as on a GPU, where one window
 # takes ~9 s) is beside a neighbour that no longer runs: only windows inside the span say anything.
 BUSY_S = 10
@@ -35,11 +36,13 @@ import time, torch
 _gaps = []
 _last = time.time()
 _end = _last + {BUSY_S}
-while time.time() < _end:
+while True:
     _now = time.time()
     if _now - _last > 0.02:
         _gaps.append((_last, _now))
     _last = _now
+    if _now >= _end:
+        break
 raise RuntimeError("GAPS " + repr(_gaps) + " SPAN " + repr((_end - {BUSY_S}, _last)))
 ''' + FORWARD
 
