@@ -321,7 +321,11 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             "device": r.device, "held_at": r.worker.get("held_at"),
             # device_turns: run with the device to itself (and why), the device's other workers it stopped
             "alone": bool(r.worker.get("alone")), "retried_alone": r.worker.get("retried_alone"),
-            "evicted": r.worker.get("evicted", 0)}
+            "evicted": r.worker.get("evicted", 0),
+            # paused for another worker's measurement: whether its queued GPU work was read (gpu_activity.py), and
+            # whether that reading killed it
+            "neighbour_gpu_check": r.worker.get("neighbour_gpu_check") or "",
+            "gpu_killed": r.status == "runtime_error" and "GPU work ran on" in (r.error or "")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,12 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         turns={"alone": sum(bool(r.get("alone")) for r in rows),
                "retried_alone": sum(bool(r.get("retried_alone")) for r in rows),
                "evicted": sum(int(r.get("evicted") or 0) for r in rows)},
+        # jobs whose runner was stopped for another worker's measurement, how their queued GPU work was read
+        # ("on", or why not: neighbours.py, gpu_activity.py), and how many that reading killed
+        pauses={"paused": sum(bool(r["stages"].get("paused_for_neighbours")) for r in rows),
+                "gpu_check": dict(Counter(r.get("neighbour_gpu_check") or "-" for r in rows
+                                          if r["stages"].get("paused_for_neighbours"))),
+                "gpu_killed": sum(bool(r.get("gpu_killed")) for r in rows)},
         build_cache_hits=sum(r["build_cached"] for r in rows),
         # hits whose build the runner found up to date; the rest were built again all the same
         build_cache_reused=sum(r.get("build_reused") is True for r in rows),
@@ -211,6 +218,11 @@ def format_batch(report: dict[str, Any]) -> str:
              "out of device memory beside another job, run again alone: {retried_alone}; jobs alone: {alone}; "
              "workers stopped for them: {evicted}".format(**report.get("turns", {"alone": "-", "retried_alone": "-",
                                                                                    "evicted": "-"})),
+             "paused for another worker's measurement: {paused} jobs; their queued GPU work read: {check}; killed for "
+             "it: {gpu_killed}".format(**{"paused": "-", "gpu_killed": "-", **report.get("pauses", {}),
+                                          "check": ", ".join(f"{k} {v}" for k, v in
+                                                             report.get("pauses", {}).get("gpu_check", {}).items())
+                                          or "-"}),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "

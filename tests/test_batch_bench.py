@@ -174,3 +174,19 @@ def test_the_report_names_the_judges_largest_memory_per_stage_and_its_problem():
     assert report["judge_memory_peak_mib"] == {"correctness": [29000, "level1/23_Softmax"],
                                                "timing": [44900, "level1/19_ReLU"]}
     assert "timing 44900 (level1/19_ReLU)" in format_batch(report)
+
+
+def test_the_report_counts_paused_jobs_how_their_gpu_work_was_read_and_the_kills():
+    """neighbours.py: the jobs stopped for another worker's measurement, whether NVML read their queued GPU work ("on",
+    or why not) and how many that reading killed, so that a batch says whether it ran with the reading and whether it
+    killed an honest candidate."""
+    def row(paused: float, check: str = "", killed: bool = False):
+        return {"kind": "reference", "status": "runtime_error" if killed else "correct", "total_s": 1.0,
+                "build_cached": False, "stages": {"paused_for_neighbours": paused}, "neighbour_gpu_check": check,
+                "gpu_killed": killed}
+
+    rows = [row(0.0), row(0.4, "on"), row(1.2, "on", killed=True), row(0.3, "not a GPU")]
+    report = summarize({"rows": rows, "wall_s": 4.0, "devices": ["cuda:0"], "problems": 1, "size": "gpu",
+                        "gpu_busy": None})
+    assert report["pauses"] == {"paused": 3, "gpu_check": {"on": 2, "not a GPU": 1}, "gpu_killed": 1}
+    assert "measurement: 3 jobs; their queued GPU work read: on 2, not a GPU 1; killed for it: 1" in format_batch(report)
