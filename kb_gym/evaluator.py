@@ -392,6 +392,8 @@ class Evaluator(EvaluationAPI):
                 result.worker[key] = raw[key]
         if raw.get("neighbour_gpu_check"):  # whether its pauses looked at its queued GPU work (gpu_activity.py)
             result.worker["neighbour_gpu_check"] = raw["neighbour_gpu_check"]
+        if isinstance(raw.get("load_forward"), dict):  # the forward after its load, where switched on (load_forward.py)
+            result.worker["load_forward"] = raw["load_forward"]
         result.stage_seconds["total"] = time.perf_counter() - queued
         if raw.get("failed_stage"):
             result.correctness.setdefault("failed_stage", raw["failed_stage"])

@@ -114,7 +114,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
     # (KB_GYM_SHARED_STAGES=1, device_lock.py); notriton = the defaults without Triton's kept kernels and judge-built
     # launchers (both on by default on a GPU since session 44); triton = the defaults, named as such (its row before
     # session 44); expandable = the defaults with the judges' caching allocator growing segments in place
-    # (PYTORCH_CUDA_ALLOC_CONF, which judges inherit and runners do not). Each batch's rows print its memfd and
+    # (PYTORCH_CUDA_ALLOC_CONF, which judges inherit and runners do not); loadforward = the defaults with one forward
+    # at the end of each load, outside the lock (KB_GYM_LOAD_FORWARD=1, load_forward.py). Each batch's rows print its memfd and
     # device-buffer calls.
     throughput) for v in ${THROUGHPUT_VARIANTS:-memfd device shared}; do
                   case $v in memfd) envs="";; device) envs="KB_GYM_DEVICE_PAYLOAD=1";;
@@ -122,7 +123,8 @@ part() {  # part NAME: runs one part, output in $OUT/NAME.log; returns its statu
                              triton) envs="KB_GYM_TRITON_CACHE=1 KB_GYM_TRITON_LAUNCHERS=1";;
                              notriton) envs="KB_GYM_TRITON_CACHE=0 KB_GYM_TRITON_LAUNCHERS=0";;
                              expandable) envs="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";;
-                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton, notriton, expandable"
+                             loadforward) envs="KB_GYM_LOAD_FORWARD=1";;
+                             *) echo "THROUGHPUT_VARIANTS: memfd, device, shared, triton, notriton, expandable, loadforward"
                                 return 2;; esac
                   echo "== throughput variant $v ($envs)"
                   env $envs python3 -P -m kb_gym.cli bench --batch --no-kernelbench-way --warm-builds \

@@ -22,7 +22,15 @@ from typing import Any
 import torch
 
 from kb_gym.file_tree import remove_tree
-from kb_gym.worker import build_cache, memory_history, neighbours, pch, triton_cache, triton_launchers
+from kb_gym.worker import (
+    build_cache,
+    load_forward,
+    memory_history,
+    neighbours,
+    pch,
+    triton_cache,
+    triton_launchers,
+)
 from kb_gym.worker.checks import flatten_outputs
 from kb_gym.worker.clock import CacheFlusher
 from kb_gym.worker.correctness import TrialSetup, is_input, run_trials
@@ -504,7 +512,11 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
         with build_cache.building(job["source"], tools, timeout=deadline - time.monotonic() - 10):
             result["build_cached"] = build_cache.restore(job["source"], runner.scratch / "ext", tools)
             restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}
-            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic())
+            # first calls' compiles and library start-ups before the device is held, where switched on (load_forward.py)
+            forward = load_forward.spec(device, ctx.seed(seed, "load_forward"), hint)
+            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic(), forward=forward)
+            if runner.load_forward is not None:
+                result["load_forward"] = runner.load_forward
             if restored:  # False: the load built it again (a hit that saved nothing)
                 result["build_reused"] = build_cache.libraries(runner.scratch / "ext") == restored
             result["compiled"] = True

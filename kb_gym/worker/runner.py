@@ -267,7 +267,33 @@ class Runner:
                     "error": "constructing ModelNew failed:\n" + trim_traceback(exc, str(cand_path))}
         if not callable(self.model):
             return {"type": "loaded", "status": "compile_error", "error": "ModelNew(...) is not callable"}
-        return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers}
+        forward = self._load_forward(msg["load_forward"]) if isinstance(msg.get("load_forward"), dict) else None
+        return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers, "load_forward": forward}
+
+    def _load_forward(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """One forward at the end of the load, outside the device lock (load_forward.py): what a first call compiles
+        or starts (Triton's kernels, cuBLAS's handle, cuDNN's plans) is then done before the judge holds the device.
+        Its inputs come from a seed of the judge's own, never a trial's; its outputs are dropped unread; whatever it
+        raises is left for the trials to find. Skipped where its inputs and outputs would pass ``max_bytes``."""
+        began = time.perf_counter()
+        try:
+            sizes = make_inputs(self.ref_mod, int(spec["seed"]), torch.device("meta"), self.dtype)
+            held = sum(x.numel() * x.element_size() for x in sizes if isinstance(x, torch.Tensor))
+        except Exception:  # noqa: BLE001 - inputs the meta device cannot make: their size is unknown
+            return {"ran": False, "why": "the inputs' size is unknown"}
+        if held + int(spec["output_bytes"]) > int(spec["max_bytes"]):
+            return {"ran": False, "why": f"{held + int(spec['output_bytes'])} bytes"}
+        why = ""
+        try:
+            inputs = make_inputs(self.ref_mod, int(spec["seed"]), self.device, self.dtype)
+            with torch.no_grad():
+                self.model(*inputs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 - the trials meet it again and give it its verdict
+            why = f"{type(exc).__name__}"
+        inputs = None
+        return {"ran": True, "why": why, "seconds": round(time.perf_counter() - began, 4)}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
         # "forward": the reference as "reference" is, but a probe call leaves it unshielded (probe_check.py)

@@ -29,6 +29,7 @@ from kb_gym.worker import (
     device_payload,
     header_diet,
     launch_shim,
+    load_forward,
     payload,
     triton_launchers,
 )
@@ -146,6 +147,7 @@ class RunnerProcess:
         self.payload_seconds: dict[str, list[float]] = {part: [] for part in PAYLOAD_PARTS}
         self.pch: dict[str, list[str]] = {"used": [], "wanted": []}
         self.headers: list[str] = []  # what header_diet did to each CUDA build, as the runner says
+        self.load_forward: dict[str, Any] | None = None  # the forward after the load, as the runner says
         # Triton launchers its calls asked for, with whether each was in its cache (triton_launchers.py), as it says
         self.launchers: dict[tuple[str, ...], bool] = {}
         if zygote is not None:  # forked from a pristine process that has imported torch: milliseconds
@@ -348,14 +350,18 @@ class RunnerProcess:
         self.device_payloads = self.shm_payloads = 0
         self.payload_seconds = {part: [] for part in PAYLOAD_PARTS}
 
-    def load(self, source: str, init_seed: int, timeout: float) -> dict[str, list[str]]:
+    def load(self, source: str, init_seed: int, timeout: float,
+             forward: dict[str, Any] | None = None) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
         builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,
-        checked against pch.VARIANTS wherever they are acted on."""
-        self._send({"type": "load", "source": source, "init_seed": init_seed})
+        checked against pch.VARIANTS wherever they are acted on. ``forward``: one forward after the load
+        (load_forward.py), whose account is kept in ``load_forward``."""
+        self._send({"type": "load", "source": source, "init_seed": init_seed,
+                    **({"load_forward": forward} if forward else {})})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
+        self.load_forward = load_forward.record(reply.get("load_forward")) if forward else None
         self.pch = pch_record(reply.get("pch"))
         self.headers = header_diet.record_of(reply.get("headers"))
         if reply.get("status") != "ok":  # the runner names its failure, among those a load can have
