@@ -14,7 +14,7 @@ import ast
 import re
 
 import pytest
-from device import DEVICE
+from device import DEVICE, ON_GPU
 from test_redteam_round5 import UNFREEZABLE
 
 from kb_gym import EvalConfig, Evaluator, get_problem, load_problems
@@ -92,6 +92,8 @@ def test_a_loading_neighbour_is_stopped_while_its_sibling_is_measured(relu):
     # the neighbour was paused, not killed: its verdict is its own (it raised in its import)
     assert busy.status == "compile_error" and "GAPS" in busy.error, (busy.status, busy.error)
     assert busy.stage_seconds.get("paused_for_neighbours", 0) > 0.1, busy.stage_seconds
+    # its queued GPU work read through its pauses where NVML can (gpu_activity.py), and the result says so
+    assert busy.worker.get("neighbour_gpu_check") == ("on" if ON_GPU else "not a GPU"), busy.worker
     windows = _timed_windows(siblings, _span(busy.error))
     assert windows, ([s.worker.get("timed_at") for s in siblings], busy.error)
     gaps = _gaps(busy.error)
