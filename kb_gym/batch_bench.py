@@ -32,6 +32,7 @@ from kb_gym.batch_report import summarize
 from kb_gym.evaluator import Evaluator, resolve_devices
 from kb_gym.problems import Problem, ProblemError, load_problems, reference_as_candidate
 from kb_gym.problems.solutions import solution_backend, solution_files
+from kb_gym.worker import neighbours
 
 OFFICIAL = ["level1/19_ReLU", "level1/23_Softmax", "level1/36_RMSNorm_", "level1/1_Square_matrix_multiplication_",
             "level2/1_Conv2D_ReLU_BiasAdd", "level2/12_Gemm_Multiply_LeakyReLU",
@@ -325,7 +326,7 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             # paused for another worker's measurement: whether its queued GPU work was read (gpu_activity.py), and
             # whether that reading killed it
             "neighbour_gpu_check": r.worker.get("neighbour_gpu_check") or "",
-            "gpu_killed": r.status == "runtime_error" and "GPU work ran on" in (r.error or "")}
+            "gpu_killed": r.status == "runtime_error" and neighbours.GPU_KILLED in (r.error or "")}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

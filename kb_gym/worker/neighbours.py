@@ -72,8 +72,9 @@ DID_NOT_STOP = (f"the candidate's processes did not stop within {STOP_LIMIT_S:g}
                 "on the same device (a system call that long): killed")
 RAN_WHILE_PAUSED = ("the candidate's processes ran while they were stopped for another candidate's measurement on "
                     "the same device (something resumed them): killed")
-GPU_RAN_WHILE_PAUSED = ("the candidate's GPU work ran on {late:.2f} s after its processes were stopped for another "
-                        "candidate's measurement on the same device (work queued before the stop): killed")
+GPU_KILLED = "the candidate's GPU work ran on"  # how the verdict of the NVML reading begins (batch reports count it)
+GPU_RAN_WHILE_PAUSED = (GPU_KILLED + " {late:.2f} s after its processes were stopped for another candidate's "
+                        "measurement on the same device (work queued before the stop): killed")
 
 
 def pause_files(job: dict[str, Any]) -> tuple[Path, Path] | None:

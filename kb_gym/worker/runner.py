@@ -281,8 +281,9 @@ class Runner:
             held = sum(x.numel() * x.element_size() for x in sizes if isinstance(x, torch.Tensor))
         except Exception:  # noqa: BLE001 - inputs the meta device cannot make: their size is unknown
             return {"ran": False, "why": "the inputs' size is unknown"}
-        if held + int(spec["output_bytes"]) > int(spec["max_bytes"]):
-            return {"ran": False, "why": f"{held + int(spec['output_bytes'])} bytes"}
+        held += int(spec["output_bytes"])
+        if held > int(spec["max_bytes"]):
+            return {"ran": False, "why": f"{held} bytes"}
         why = ""
         try:
             inputs = make_inputs(self.ref_mod, int(spec["seed"]), self.device, self.dtype)
@@ -291,8 +292,7 @@ class Runner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         except Exception as exc:  # noqa: BLE001 - the trials meet it again and give it its verdict
-            why = f"{type(exc).__name__}"
-        inputs = None
+            why = type(exc).__name__
         return {"ran": True, "why": why, "seconds": round(time.perf_counter() - began, 4)}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
