@@ -305,6 +305,10 @@ def _wait_for_headers(devices: list[str], timeout: float = 240.0) -> float | Non
     return time.perf_counter() - t0
 
 
+FLOAT64_KEYS = ("float64", "judged_against_float64")
+ERROR_CHARS = 300  # of a verdict's message, in its row
+
+
 def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
     return {"problem": problem.key, "kind": kind, "status": r.status, "speedup": r.speedup,
             "stages": dict(r.stage_seconds), "total_s": r.stage_seconds.get("total"),
@@ -326,7 +330,11 @@ def row_of(problem: Problem, kind: str, r: Any) -> dict[str, Any]:
             # paused for another worker's measurement: whether its queued GPU work was read (gpu_activity.py), and
             # whether that reading killed it
             "neighbour_gpu_check": r.worker.get("neighbour_gpu_check") or "",
-            "gpu_killed": r.status == "runtime_error" and neighbours.GPU_KILLED in (r.error or "")}
+            "gpu_killed": r.status == "runtime_error" and neighbours.GPU_KILLED in (r.error or ""),
+            # the float64 opinion's share of a held correctness stage: how often, where, and on the quick path
+            "float64": {k: v for k, v in (r.correctness or {}).items() if k.startswith(FLOAT64_KEYS)},
+            "load_forward": r.worker.get("load_forward"),  # the forward after the load (load_forward.py), if on
+            "error": (r.error or "")[:ERROR_CHARS]}
 
 
 def _evaluator(backend: str, device: str, workers_per_device: int = 1) -> Any:

@@ -100,6 +100,15 @@ def held_coverage(rows: list[dict[str, Any]], started_at: float | None, wall: fl
     return sum(shares) / len(shares)
 
 
+def _float64_opinions(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The jobs whose correctness stage asked float64 for a second opinion (worker/float64.py), how many of them
+    computed it on the host (the device's memory full), and the judge's correctness seconds in them: held time."""
+    asked = [r for r in rows if (r.get("float64") or {}).get("judged_against_float64")
+             or (r.get("float64") or {}).get("float64_sampled")]
+    return {"jobs": len(asked), "on_host": sum((r.get("float64") or {}).get("float64_on") == "cpu" for r in asked),
+            "judge_s": sum((r.get("correctness_seconds") or {}).get("judge", 0.0) for r in asked)}
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The figures derived from ``report``'s rows, wall and KernelBench-way rows, added to it."""
     rows, wall = report["rows"], report["wall_s"]
@@ -138,6 +147,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                 "gpu_check": dict(Counter(r.get("neighbour_gpu_check") or "-" for r in rows
                                           if r["stages"].get("paused_for_neighbours"))),
                 "gpu_killed": sum(bool(r.get("gpu_killed")) for r in rows)},
+        float64=_float64_opinions(rows),
+        # the forward after each load, outside the lock (load_forward.py): how many ran, and their seconds summed
+        load_forward={"ran": sum(bool((r.get("load_forward") or {}).get("ran")) for r in rows),
+                      "seconds": sum((r.get("load_forward") or {}).get("seconds") or 0.0 for r in rows)},
         build_cache_hits=sum(r["build_cached"] for r in rows),
         # hits whose build the runner found up to date; the rest were built again all the same
         build_cache_reused=sum(r.get("build_reused") is True for r in rows),
@@ -223,6 +236,10 @@ def format_batch(report: dict[str, Any]) -> str:
                                           "check": ", ".join(f"{k} {v}" for k, v in
                                                              report.get("pauses", {}).get("gpu_check", {}).items())
                                           or "-"}),
+             "float64 second opinions: {jobs} jobs ({on_host} on the host), the judge's correctness seconds in them "
+             "{judge_s:.1f}; forwards after the load: {ran} ({seconds:.1f} s)".format(
+                 **{"jobs": "-", "on_host": "-", "judge_s": 0.0, **report.get("float64", {}),
+                    "ran": "-", "seconds": 0.0, **report.get("load_forward", {})}),
              "statuses: " + "; ".join(f"{k}: {','.join(sorted(set(v)))}" for k, v in report["statuses"].items() if v),
              f"CUDA cold: load {f(t['cuda_cold_load_s'])} s, own time {f(t['cuda_cold_total_s'])} s; again: "
              f"{t['cuda_cache_hits']} cache hits, load {f(t['cuda_cache_hit_load_s'])} s, own time "

@@ -190,3 +190,22 @@ def test_the_report_counts_paused_jobs_how_their_gpu_work_was_read_and_the_kills
                         "gpu_busy": None})
     assert report["pauses"] == {"paused": 3, "gpu_check": {"on": 2, "not a GPU": 1}, "gpu_killed": 1}
     assert "measurement: 3 jobs; their queued GPU work read: on 2, not a GPU 1; killed for it: 1" in format_batch(report)
+
+
+def test_the_report_counts_float64_opinions_their_host_share_and_the_forwards_after_the_load():
+    """A wrong candidate's float64 second opinion is held time (23_Softmax's took 15 s on an H100): the batch says how
+    many jobs asked for one, how many computed it on the host, and what the judge spent in them; and how many loads
+    ran the forward after the load (load_forward.py), so a variant's table says whether it was on."""
+    def row(float64: dict, judge: float, forward: dict | None = None):
+        return {"kind": "wrong", "status": "incorrect", "total_s": 1.0, "build_cached": False, "stages": {},
+                "float64": float64, "correctness_seconds": {"judge": judge}, "load_forward": forward}
+
+    rows = [row({}, 0.1, {"ran": True, "why": "", "seconds": 0.5}),
+            row({"judged_against_float64": 1}, 2.0, {"ran": False, "why": "over 512 MB", "seconds": None}),
+            row({"judged_against_float64": 1, "float64_sampled": 1, "float64_on": "cpu"}, 15.0)]
+    report = summarize({"rows": rows, "wall_s": 4.0, "devices": ["cuda:0"], "problems": 1, "size": "gpu",
+                        "gpu_busy": None})
+    assert report["float64"] == {"jobs": 2, "on_host": 1, "judge_s": 17.0}
+    assert report["load_forward"] == {"ran": 1, "seconds": 0.5}
+    assert ("float64 second opinions: 2 jobs (1 on the host), the judge's correctness seconds in them 17.0; "
+            "forwards after the load: 1 (0.5 s)") in format_batch(report)
