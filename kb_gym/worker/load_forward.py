@@ -12,6 +12,11 @@ never a trial's or a timed call's), its outputs are dropped in the runner unread
 trials to meet. Only on a GPU (on the CPU it would be host work beside another job's timing), only where the
 problem's output size is known (the evaluator's hint or the meta forward's prediction), and only where the inputs and
 outputs together are small (``MAX_BYTES``): outside the lock its memory sits beside another job's.
+
+Why it stays off: a sibling's measurement stops it as it stops the import (neighbours.py), and a stop reaches host
+threads only. A forward launches its kernels before it waits for them, so an honest but slow one (a naive matmul
+kernel, ~0.3 s of GPU work) stopped after its launches runs on past the NVML reading's grace and is killed. Before it
+is on by default, measurements must be held off while it runs (docs/benchmarks.md 1r).
 """
 
 from __future__ import annotations
