@@ -71,5 +71,7 @@ def test_verdicts_are_the_trials_with_the_forward_after_the_load(monkeypatch, re
     with Evaluator("cpu", config=EvalConfig(trials=2, timing=False), results_path=False) as ev:
         honest, raising = ev.evaluate(relu, HONEST), ev.evaluate(relu, RAISES)
     assert honest.status == "correct" and honest.worker["load_forward"]["ran"], honest.worker.get("load_forward")
+    # a request of its own after the load: how long other judges' measurements waited for it (none here)
+    assert honest.worker["load_forward"]["measurements_waited_s"] == 0.0
     assert raising.status == "runtime_error" and "trial 1/2" in raising.error, raising.error
     assert raising.worker["load_forward"] == {**raising.worker["load_forward"], "ran": True, "why": "ValueError"}

@@ -181,3 +181,56 @@ def test_a_tree_inside_a_long_system_call_is_not_killed_for_the_kernels_time(fil
     finally:
         watcher.unwatch()
         tree.close()
+
+
+def test_a_measurement_waits_for_the_forward_after_a_load_and_then_stops_the_runner(files):
+    """A forward launches its kernels before it waits for them: stopped between the two, an honest slow one's GPU work
+    ran on beside the measurement and past the NVML reading's grace (load_forward.py). So a measurement that begins
+    during it waits for its end (the runner synchronises before replying), the runner running meanwhile."""
+    tree = Tree()
+    watcher = neighbours.PauseWatcher(files, tree)
+    measuring = neighbours.Measuring(files)
+    try:
+        watcher.watch()
+        with watcher.forward():
+            begun = threading.Event()
+            waiter = threading.Thread(target=lambda: measuring.begin(wait=5.0) and begun.set())
+            waiter.start()
+            before = _cpu_s(tree.pid)
+            time.sleep(0.6)
+            assert not begun.is_set()  # held off while the forward runs
+            assert _cpu_s(tree.pid) - before > 0.1  # and the runner was not stopped for it
+        waiter.join(timeout=5.0)
+        assert begun.is_set() and 0.5 < measuring.waited_s < 2.0, measuring.waited_s
+        stopped = _cpu_s(tree.pid)
+        time.sleep(0.3)
+        assert _cpu_s(tree.pid) - stopped < 0.005  # once it ended, the runner is stopped for the measurement
+        assert 0.5 < watcher.forward_waits_s < 2.0 and not watcher.verdict
+    finally:
+        measuring.end()
+        watcher.unwatch()
+        tree.close()
+
+
+def test_a_forward_that_outlasts_its_budget_is_stopped_as_a_load_is(files, monkeypatch):
+    """The wait is bounded over the whole forward, however many measurements it meets: a candidate cannot hold its
+    siblings' measurements off for longer than FORWARD_WAIT_S by a forward that never ends."""
+    monkeypatch.setattr(neighbours, "FORWARD_WAIT_S", 0.5)
+    tree = Tree()
+    watcher = neighbours.PauseWatcher(files, tree)
+    try:
+        watcher.watch()
+        with watcher.forward():
+            for most in (1.5, 0.4):  # the first waits out the budget, the second finds it spent
+                measuring = neighbours.Measuring(files)
+                assert measuring.begin(wait=5.0)
+                assert measuring.waited_s < most, measuring.waited_s
+                stopped = _cpu_s(tree.pid)
+                time.sleep(0.3)
+                assert _cpu_s(tree.pid) - stopped < 0.005  # stopped through the measurement
+                measuring.end()
+                time.sleep(0.2)
+        assert watcher.forward_waits_s == pytest.approx(0.5, abs=0.15) and not watcher.verdict
+    finally:
+        watcher.unwatch()
+        tree.close()

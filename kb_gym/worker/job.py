@@ -514,9 +514,12 @@ def _pipeline(ctx: WorkerContext, job: dict[str, Any], job_dir: Path, result: di
             restored = build_cache.libraries(runner.scratch / "ext") if result["build_cached"] else {}
             # first calls' compiles and library start-ups before the device is held, where switched on (load_forward.py)
             forward = load_forward.spec(device, ctx.seed(seed, "load_forward"), hint)
-            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic(), forward=forward)
+            used = runner.load(job["source"], seed, timeout=deadline - time.monotonic(), forward=forward,
+                               during_forward=ctx.watcher.forward if ctx.watcher is not None else None)
             if runner.load_forward is not None:
-                result["load_forward"] = runner.load_forward
+                # and how long other judges' measurements waited for it (neighbours.PauseWatcher.forward): its cost
+                waited = ctx.watcher.forward_waits_s if ctx.watcher is not None else 0.0
+                result["load_forward"] = {**runner.load_forward, "measurements_waited_s": round(waited, 4)}
             if restored:  # False: the load built it again (a hit that saved nothing)
                 result["build_reused"] = build_cache.libraries(runner.scratch / "ext") == restored
             result["compiled"] = True

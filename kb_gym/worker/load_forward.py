@@ -13,10 +13,13 @@ trials to meet. Only on a GPU (on the CPU it would be host work beside another j
 problem's output size is known (the evaluator's hint or the meta forward's prediction), and only where the inputs and
 outputs together are small (``MAX_BYTES``): outside the lock its memory sits beside another job's.
 
-Why it stays off: a sibling's measurement stops it as it stops the import (neighbours.py), and a stop reaches host
-threads only. A forward launches its kernels before it waits for them, so an honest but slow one (a naive matmul
-kernel, ~0.3 s of GPU work) stopped after its launches runs on past the NVML reading's grace and is killed. Before it
-is on by default, measurements must be held off while it runs (docs/benchmarks.md 1r).
+A request of its own after the load, not part of it: a stop reaches host threads only, and a forward launches its
+kernels before it waits for them, so an honest but slow one (a naive matmul kernel, ~0.3 s of GPU work) stopped for
+a sibling's measurement between the two ran on past the NVML reading's grace and would be killed. While it runs, a
+measurement waits for it instead (``neighbours.PauseWatcher.forward``, at most FORWARD_WAIT_S over the forward; the
+runner synchronises before it replies, so its queue is empty when the measurement begins), and
+``result.worker["load_forward"]["measurements_waited_s"]`` says what that cost other jobs. Still off by default: no
+GPU batch has measured it (docs/benchmarks.md 1q, 1r).
 """
 
 from __future__ import annotations

@@ -27,7 +27,10 @@ reading headers, a GPU driver's threads), so a thread asleep in the kernel, even
 (it runs nothing of its own until it leaves, and then stops). A tree still running after SETTLE_S (a thread inside one
 long system call) keeps the measurement waiting until it stops, and is killed past STOP_LIMIT_S; once the measurement
 has begun, a tree is killed where it used more than RAN_NS of CPU, or started a process, while paused. GPU work
-queued before the stop still runs; the probe check's quiet interval looks for it.
+queued before the stop still runs; the probe check's quiet interval looks for it, and where NVML attributes it
+(gpu_activity.py) a tree whose work runs past the stop's grace is killed. A runner in its forward after the load
+(load_forward.py) is not stopped mid-forward: the measurement waits for the forward's end (``PauseWatcher.forward``,
+FORWARD_WAIT_S at most).
 
 What it costs: a measurement waits for the watchers' next look (POLL_S) and their stops; a paused candidate's load
 (its compiler too, which is part of its tree) waits for the measurement. The time paused is not the candidate's: its
@@ -44,7 +47,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,12 @@ SWITCHED_KERNEL_NS = 250_000_000  # kernel time forgiven a paused tree after it 
 # (round 34: a 112 GB read-only zero-page populate, 7 s in the kernel) ran beside the measurement otherwise
 STOP_LIMIT_S = 15.0
 WAIT_S = STOP_LIMIT_S + 3.0  # a measurement's wait for every watched runner to stop
+# A runner in the forward after its load (load_forward.py) is not stopped at once: a forward launches its kernels
+# before it waits for them, so a stop there leaves them running beside the measurement, and an honest slow one (a
+# naive matmul kernel, ~0.3 s of GPU work) past the NVML reading's grace was killed. The measurement waits for the
+# forward's reply instead (the runner synchronises before it replies: its queue is empty then), for at most this long
+# over the whole forward, however many measurements it meets; past that the runner is stopped as a load is.
+FORWARD_WAIT_S = 5.0
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # the grain of /proc's utime and stime
 DID_NOT_STOP = (f"the candidate's processes did not stop within {STOP_LIMIT_S:g} s for another candidate's measurement "
                 "on the same device (a system call that long): killed")
@@ -185,6 +194,18 @@ class PauseWatcher:
         self._thread: threading.Thread | None = None
         self._unpaused_fd: int | None = None
         self._look_fd: int | None = None
+        self._forwarding = threading.Event()  # the runner's forward after its load is going on (``forward``)
+        self.forward_waits_s = 0.0  # how long measurements waited for that forward, in all
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """Around the runner's forward after its load: a measurement that begins meanwhile waits for it to end (up to
+        FORWARD_WAIT_S in all) rather than stopping it between its launches and its wait."""
+        self._forwarding.set()
+        try:
+            yield
+        finally:
+            self._forwarding.clear()
 
     def watch(self) -> None:
         """Start watching; waits out a measurement in progress first (the runner runs nothing of the candidate's
@@ -243,6 +264,7 @@ class PauseWatcher:
         try:
             while not self._stop.wait(POLL_S):
                 if _held_elsewhere(self.measure, self._look_fd):
+                    self._wait_for_forward()
                     self._pause()
         except Exception as exc:  # noqa: BLE001 - the judge's own failure: measurements no longer wait for this runner
             print(f"kb_gym: the pause watcher stopped: {exc!r}", file=sys.stderr)
@@ -250,6 +272,14 @@ class PauseWatcher:
                 with contextlib.suppress(OSError):
                     os.close(self._unpaused_fd)
                 self._unpaused_fd = None
+
+    def _wait_for_forward(self) -> None:
+        """Hold a measurement off (``unpaused`` still held) while the forward after the load runs, within its budget."""
+        began = time.monotonic()
+        while (self._forwarding.is_set() and not self._stop.is_set()
+               and self.forward_waits_s + time.monotonic() - began < FORWARD_WAIT_S):
+            time.sleep(POLL_S)
+        self.forward_waits_s += time.monotonic() - began
 
     def _pause(self) -> None:
         """Stop the tree, let the measurement begin, and resume once it is over (or the job stops watching)."""

@@ -198,6 +198,11 @@ class Runner:
             self.send(self._prepare(msg))
         elif kind == "load":
             self.send(self._load(msg))
+        elif kind == "load_forward":
+            spec = msg.get("spec")
+            ran = self._load_forward(spec) if isinstance(spec, dict) and self.model is not None else {
+                "ran": False, "why": "no candidate loaded"}
+            self.send({"type": "load_forward", **ran})
         elif kind in ("call", "timed"):
             self._call(msg, timed=kind == "timed")
         elif kind == "chunks":
@@ -267,12 +272,12 @@ class Runner:
                     "error": "constructing ModelNew failed:\n" + trim_traceback(exc, str(cand_path))}
         if not callable(self.model):
             return {"type": "loaded", "status": "compile_error", "error": "ModelNew(...) is not callable"}
-        forward = self._load_forward(msg["load_forward"]) if isinstance(msg.get("load_forward"), dict) else None
-        return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers, "load_forward": forward}
+        return {"type": "loaded", "status": "ok", "pch": self.pch, "headers": self.headers}
 
     def _load_forward(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """One forward at the end of the load, outside the device lock (load_forward.py): what a first call compiles
-        or starts (Triton's kernels, cuBLAS's handle, cuDNN's plans) is then done before the judge holds the device.
+        """One forward at the end of the load, outside the device lock (load_forward.py; a request of its own, so the
+        judge knows while it runs: neighbours.PauseWatcher.forward): what a first call compiles or starts (Triton's
+        kernels, cuBLAS's handle, cuDNN's plans) is then done before the judge holds the device.
         Its inputs come from a seed of the judge's own, never a trial's; its outputs are dropped unread; whatever it
         raises is left for the trials to find. Skipped where its inputs and outputs would pass ``max_bytes``."""
         began = time.perf_counter()

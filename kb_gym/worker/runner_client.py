@@ -350,23 +350,33 @@ class RunnerProcess:
         self.device_payloads = self.shm_payloads = 0
         self.payload_seconds = {part: [] for part in PAYLOAD_PARTS}
 
-    def load(self, source: str, init_seed: int, timeout: float,
-             forward: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    def load(self, source: str, init_seed: int, timeout: float, forward: dict[str, Any] | None = None,
+             during_forward: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+             ) -> dict[str, list[str]]:
         """Import the candidate and build ModelNew; a failure is the candidate's verdict. Returns what its
         builds used of the precompiled headers and what they wanted (pch.py), as the runner says: names only,
         checked against pch.VARIANTS wherever they are acted on. ``forward``: one forward after the load
-        (load_forward.py), whose account is kept in ``load_forward``."""
-        self._send({"type": "load", "source": source, "init_seed": init_seed,
-                    **({"load_forward": forward} if forward else {})})
+        (load_forward.py), a request of its own made inside ``during_forward()`` (the pause watcher's: measurements
+        wait for it), whose account is kept in ``load_forward``."""
+        began, paused = time.monotonic(), self.paused() if self.paused is not None else 0.0
+        self._send({"type": "load", "source": source, "init_seed": init_seed})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
             raise self._unexpected(reply, "loaded")
-        self.load_forward = load_forward.record(reply.get("load_forward")) if forward else None
         self.pch = pch_record(reply.get("pch"))
         self.headers = header_diet.record_of(reply.get("headers"))
         if reply.get("status") != "ok":  # the runner names its failure, among those a load can have
             status = reply.get("status") if reply.get("status") in LOAD_STATUSES else "compile_error"
             raise StageError(status, str(reply.get("error", ""))[:20000])
+        self.load_forward = None
+        if forward:
+            with during_forward() if during_forward is not None else contextlib.nullcontext():
+                self._send({"type": "load_forward", "spec": forward})
+                paused = (self.paused() if self.paused is not None else 0.0) - paused  # not the load's time
+                reply = self._read(timeout - (time.monotonic() - began - paused))
+            if reply.get("type") != "load_forward":
+                raise self._unexpected(reply, "load_forward")
+            self.load_forward = load_forward.record(reply)
         return self.pch
 
     def call(self, seed: int, *, timeout: float, byte_limit: int, timed: bool = False, widen: bool = False,
