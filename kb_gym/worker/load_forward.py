@@ -9,7 +9,9 @@ end of the load it overlaps other jobs' stages instead, stopped for their measur
 
 What it is not: a trial. Its inputs come from a seed of the judge's own (``WorkerContext.seed(..., "load_forward")``,
 never a trial's or a timed call's), its outputs are dropped in the runner unread, and what it raises is left for the
-trials to meet. Only on a GPU (on the CPU it would be host work beside another job's timing), only where the
+trials to meet. It runs on a copy of the model (round 37: a lazy layer's weights, or a scale calibrated on the first
+batch, would otherwise be one call ahead of the judge's reference in every trial); what it warms is the process's.
+Only on a GPU (on the CPU it would be host work beside another job's timing), only where the
 problem's output size is known (the evaluator's hint or the meta forward's prediction), and only where the inputs and
 outputs together are small (``MAX_BYTES``): outside the lock its memory sits beside another job's.
 

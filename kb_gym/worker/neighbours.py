@@ -69,13 +69,15 @@ SWITCHED_KERNEL_NS = 250_000_000  # kernel time forgiven a paused tree after it 
 # measurement waiting until it stops, for at most this long, and is killed past it: a single call of a candidate's
 # (round 34: a 112 GB read-only zero-page populate, 7 s in the kernel) ran beside the measurement otherwise
 STOP_LIMIT_S = 15.0
-WAIT_S = STOP_LIMIT_S + 3.0  # a measurement's wait for every watched runner to stop
 # A runner in the forward after its load (load_forward.py) is not stopped at once: a forward launches its kernels
 # before it waits for them, so a stop there leaves them running beside the measurement, and an honest slow one (a
 # naive matmul kernel, ~0.3 s of GPU work) past the NVML reading's grace was killed. The measurement waits for the
 # forward's reply instead (the runner synchronises before it replies: its queue is empty then), for at most this long
 # over the whole forward, however many measurements it meets; past that the runner is stopped as a load is.
 FORWARD_WAIT_S = 5.0
+# A measurement's wait for every watched runner to stop: a forward's wait, then a long system call's, and a margin,
+# so that a runner still running is killed before the measurement gives up waiting and begins beside it (round 37)
+WAIT_S = FORWARD_WAIT_S + STOP_LIMIT_S + 3.0
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # the grain of /proc's utime and stime
 DID_NOT_STOP = (f"the candidate's processes did not stop within {STOP_LIMIT_S:g} s for another candidate's measurement "
                 "on the same device (a system call that long): killed")

@@ -19,6 +19,7 @@ ptrace, mounts, device nodes, modules, clock setting, the keyring and other arch
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import inspect
 import os
@@ -145,6 +146,15 @@ def _same(a: torch.Tensor, b: Any) -> bool:
         return False
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all().item())
 
+
+
+def _state_bytes(model: Any) -> int:
+    """The bytes of a module's parameters and buffers (0 for anything else): what a copy of it holds beside it."""
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    tensors = [*model.parameters(), *model.buffers()]
+    # a lazy layer's parameters hold nothing until its first call (and have no numel)
+    return sum(t.numel() * t.element_size() for t in tensors if not torch.nn.parameter.is_lazy(t))
 
 class Runner:
     """The commands a runner answers: ping, load, call, timed."""
@@ -287,17 +297,30 @@ class Runner:
         except Exception:  # noqa: BLE001 - inputs the meta device cannot make: their size is unknown
             return {"ran": False, "why": "the inputs' size is unknown"}
         held += int(spec["output_bytes"])
-        if held > int(spec["max_bytes"]):
-            return {"ran": False, "why": f"{held} bytes"}
+        try:
+            state = _state_bytes(self.model)
+        except BaseException as exc:  # noqa: BLE001 - the candidate's own module: what a copy would hold is unknown
+            return {"ran": False, "why": f"its state's size is unknown: {type(exc).__name__}"}
+        if held + state > int(spec["max_bytes"]):
+            return {"ran": False, "why": f"{held + state} bytes"}
         why = ""
+        try:
+            # On a copy: a first call may change its model (a lazy layer's weights drawn then, a scale calibrated on
+            # the first batch), and the trials must meet the model the reference meets, never one a call ahead of it
+            # (round 37). What the call warms belongs to the process: compiled kernels, library handles, builds.
+            model = copy.deepcopy(self.model)
+        except BaseException as exc:  # noqa: BLE001 - not copied: no forward, the trials as without it
+            return {"ran": False, "why": f"not copied: {type(exc).__name__}"}
         try:
             inputs = make_inputs(self.ref_mod, int(spec["seed"]), self.device, self.dtype)
             with torch.no_grad():
-                self.model(*inputs)
+                model(*inputs)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        except Exception as exc:  # noqa: BLE001 - the trials meet it again and give it its verdict
+        except BaseException as exc:  # noqa: BLE001 - the trials meet it again and give it its verdict (a SystemExit too)
             why = type(exc).__name__
+        finally:
+            model = inputs = None
         return {"ran": True, "why": why, "seconds": round(time.perf_counter() - began, 4)}
 
     def _call(self, msg: dict[str, Any], timed: bool) -> None:
