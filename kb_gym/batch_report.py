@@ -103,10 +103,10 @@ def held_coverage(rows: list[dict[str, Any]], started_at: float | None, wall: fl
 def _float64_opinions(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The jobs whose correctness stage asked float64 for a second opinion (worker/float64.py), how many of them
     computed it on the host (the device's memory full), and the judge's correctness seconds in them: held time."""
-    asked = [r for r in rows if (r.get("float64") or {}).get("judged_against_float64")
-             or (r.get("float64") or {}).get("float64_sampled")]
-    return {"jobs": len(asked), "on_host": sum((r.get("float64") or {}).get("float64_on") == "cpu" for r in asked),
-            "judge_s": sum((r.get("correctness_seconds") or {}).get("judge", 0.0) for r in asked)}
+    asked = [(r.get("float64") or {}, r) for r in rows]
+    asked = [(f, r) for f, r in asked if f.get("judged_against_float64") or f.get("float64_sampled")]
+    return {"jobs": len(asked), "on_host": sum(f.get("float64_on") == "cpu" for f, _ in asked),
+            "judge_s": sum((r.get("correctness_seconds") or {}).get("judge", 0.0) for _, r in asked)}
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:

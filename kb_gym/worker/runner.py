@@ -147,7 +147,6 @@ def _same(a: torch.Tensor, b: Any) -> bool:
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all().item())
 
 
-
 def _state_bytes(model: Any) -> int:
     """The bytes of a module's parameters and buffers (0 for anything else): what a copy of it holds beside it."""
     if not isinstance(model, torch.nn.Module):
@@ -155,6 +154,7 @@ def _state_bytes(model: Any) -> int:
     tensors = [*model.parameters(), *model.buffers()]
     # a lazy layer's parameters hold nothing until its first call (and have no numel)
     return sum(t.numel() * t.element_size() for t in tensors if not torch.nn.parameter.is_lazy(t))
+
 
 class Runner:
     """The commands a runner answers: ping, load, call, timed."""

@@ -358,7 +358,8 @@ class RunnerProcess:
         checked against pch.VARIANTS wherever they are acted on. ``forward``: one forward after the load
         (load_forward.py), a request of its own made inside ``during_forward()`` (the pause watcher's: measurements
         wait for it), whose account is kept in ``load_forward``."""
-        began, paused = time.monotonic(), self.paused() if self.paused is not None else 0.0
+        paused_s = self.paused if self.paused is not None else (lambda: 0.0)
+        began, paused_before = time.monotonic(), paused_s()
         self._send({"type": "load", "source": source, "init_seed": init_seed})
         reply = self._read(timeout)
         if reply.get("type") != "loaded":
@@ -372,8 +373,8 @@ class RunnerProcess:
         if forward:
             with during_forward() if during_forward is not None else contextlib.nullcontext():
                 self._send({"type": "load_forward", "spec": forward})
-                paused = (self.paused() if self.paused is not None else 0.0) - paused  # not the load's time
-                reply = self._read(timeout - (time.monotonic() - began - paused))
+                ran = time.monotonic() - began - (paused_s() - paused_before)  # the time stopped is not the load's
+                reply = self._read(timeout - ran)
             if reply.get("type") != "load_forward":
                 raise self._unexpected(reply, "load_forward")
             self.load_forward = load_forward.record(reply)
